@@ -1,0 +1,17 @@
+VENV ?= .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup repro test lint
+setup: $(VENV)/.setup-done
+$(VENV)/.setup-done: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+repro: setup         ## the whole pipeline on the default params
+	dvc repro
+
+test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
+	python -m pytest -q; status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$status
+
+lint: setup
+	ruff check models pipeline serving tests

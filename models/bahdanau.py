@@ -1,0 +1,215 @@
+"""RNNsearch: Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to
+Align and Translate" (arXiv:1409.0473).
+
+Bidirectional GRU encoder (annotations h_j = [h→_j; h←_j]), GRU decoder whose state follows
+s_i = f(s_{i-1}, y_{i-1}, c_i) with context c_i = Σ_j α_ij h_j from additive attention
+(eqs. 5-6), initial state s_0 = tanh(W_s h←_1) and a deep maxout output layer (appendix A.2.2).
+``attention: none`` is the paper's RNNencdec ablation: one fixed context vector for every step.
+
+Dimension legend
+    B batch, S source length, T target length, E embedding, H encoder hidden (per direction),
+    D decoder hidden, C = 2H annotation size, A attention size, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import ExportSpec, register
+from models.layers import AdditiveAttention
+
+
+@dataclass
+class BahdanauConfig:
+    src_vocab: int = 4000
+    tgt_vocab: int = 4000
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    emb_dim: int = 256
+    enc_hidden: int = 256
+    dec_hidden: int = 256
+    attn_dim: int = 256
+    maxout_dim: int = 256
+    dropout: float = 0.2
+    label_smoothing: float = 0.1
+    attention: str = "additive"  # additive | none (RNNencdec ablation)
+    max_len: int = 60  # decoding limit in target tokens
+
+
+def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
+    """Reverse each sequence of x [B,S,F] within its own length; padding stays at the end.
+
+    Lets a plain forward GRU play the backward direction without packed sequences, which keeps
+    the encoder exportable with dynamic lengths. The permutation is its own inverse.
+    """
+    steps = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # [1,S]
+    last = (lengths - 1).unsqueeze(1)  # [B,1]
+    index = torch.where(steps <= last, last - steps, steps)  # [B,S]
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+
+
+@register("bahdanau", BahdanauConfig)
+class Bahdanau(nn.Module):
+    def __init__(self, cfg: BahdanauConfig):
+        super().__init__()
+        if cfg.attention not in ("additive", "none"):
+            raise ValueError(f"attention must be 'additive' or 'none', got '{cfg.attention}'")
+        self.cfg = cfg
+        ctx = 2 * cfg.enc_hidden
+        self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
+        self.enc_fwd = nn.GRU(cfg.emb_dim, cfg.enc_hidden, batch_first=True)
+        self.enc_bwd = nn.GRU(cfg.emb_dim, cfg.enc_hidden, batch_first=True)
+        self.init_state = nn.Linear(cfg.enc_hidden, cfg.dec_hidden)
+        if cfg.attention == "additive":
+            self.attention = AdditiveAttention(cfg.dec_hidden, ctx, cfg.attn_dim)
+        else:
+            # RNNencdec: c = tanh(W [h→_S; h←_1]) summarises the whole sentence.
+            self.summary = nn.Linear(ctx, ctx)
+        self.cell = nn.GRUCell(cfg.emb_dim + ctx, cfg.dec_hidden)
+        # Deep output t̃_i = U_o s_i + V_o E y_{i-1} + C_o c_i, then maxout over pairs (A.2.2).
+        self.out_state = nn.Linear(cfg.dec_hidden, 2 * cfg.maxout_dim)
+        self.out_embed = nn.Linear(cfg.emb_dim, 2 * cfg.maxout_dim, bias=False)
+        self.out_context = nn.Linear(ctx, 2 * cfg.maxout_dim, bias=False)
+        self.out_proj = nn.Linear(cfg.maxout_dim, cfg.tgt_vocab)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    # ---- encoder ---------------------------------------------------------------------------
+    def encode(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """src [B,S] int64, src_len [B] -> (memory [B,S',C], keys [B,S',A'], s0 [B,D], mask [B,S']).
+
+        With attention the memory is the annotation sequence (S' = S); without it, the single
+        summary vector (S' = 1), so both variants share one decoder-step signature.
+        """
+        steps = torch.arange(src.shape[1], device=src.device).unsqueeze(0)  # [1,S]
+        mask = (steps < src_len.unsqueeze(1)).float()  # [B,S]
+        emb = self.drop(self.src_embed(src))  # [B,S,E]
+        fwd, _ = self.enc_fwd(emb)  # [B,S,H]
+        bwd_rev, _ = self.enc_bwd(reverse_padded(emb, src_len))  # [B,S,H]
+        bwd = reverse_padded(bwd_rev, src_len)  # [B,S,H], position j holds h←_j
+        annotations = torch.cat([fwd, bwd], dim=-1)  # [B,S,C]
+        s0 = torch.tanh(self.init_state(bwd[:, 0]))  # [B,D]
+        if self.cfg.attention == "additive":
+            return annotations, self.attention.project_keys(annotations), s0, mask
+        last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, fwd.shape[2])  # [B,1,H]
+        fwd_last = fwd.gather(1, last).squeeze(1)  # [B,H]
+        summary = torch.tanh(self.summary(torch.cat([fwd_last, bwd[:, 0]], dim=-1)))  # [B,C]
+        memory = summary.unsqueeze(1)  # [B,1,C]
+        return memory, memory, s0, mask[:, :1]
+
+    # ---- one decoder step ------------------------------------------------------------------
+    def step(
+        self, y_prev: Tensor, state: Tensor, memory: Tensor, keys: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """y_prev [B] int64, state [B,D] -> (logits [B,V], new state [B,D], alignment [B,S'])."""
+        emb = self.drop(self.tgt_embed(y_prev))  # [B,E]
+        if self.cfg.attention == "additive":
+            context, align = self.attention(state, keys, memory, mask)  # [B,C], [B,S]
+        else:
+            context, align = memory[:, 0], mask  # [B,C], [B,1] of ones
+        new_state = self.cell(torch.cat([emb, context], dim=-1), state)  # [B,D]
+        t = self.out_state(new_state) + self.out_embed(emb) + self.out_context(context)  # [B,2O]
+        t = t.view(t.shape[0], -1, 2).max(dim=-1).values  # [B,O,2] -> [B,O] maxout
+        return self.out_proj(self.drop(t)), new_state, align
+
+    # ---- model contract --------------------------------------------------------------------
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Teacher-forced cross-entropy over target tokens (padding ignored)."""
+        memory, keys, state, mask = self.encode(batch["src"], batch["src_len"])
+        logits = []
+        for t in range(batch["tgt_in"].shape[1]):
+            step_logits, state, _ = self.step(batch["tgt_in"][:, t], state, memory, keys, mask)
+            logits.append(step_logits)
+        logits = torch.stack(logits, dim=1)  # T x [B,V] -> [B,T,V]
+        target = batch["tgt_out"]  # [B,T]
+        flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*T,V]
+        loss = F.cross_entropy(
+            flat_logits,
+            target.reshape(-1),  # [B*T]
+            ignore_index=self.cfg.pad_id,
+            label_smoothing=self.cfg.label_smoothing if self.training else 0.0,
+        )
+        real = target != self.cfg.pad_id
+        acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
+        return loss, {"token_acc": acc.detach()}
+
+    @torch.no_grad()
+    def predict(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Greedy decoding.
+
+        Returns: tokens [B,T] (EOS-terminated, pad after), lengths [B] (without EOS),
+            attention [B,T,S'] (alignment of each emitted token).
+        """
+        memory, keys, state, mask = self.encode(batch["src"], batch["src_len"])
+        bsz = batch["src"].shape[0]
+        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=memory.device)
+        done = torch.zeros(bsz, dtype=torch.bool, device=memory.device)
+        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=memory.device)
+        tokens, aligns = [], []
+        for t in range(self.cfg.max_len):
+            logits, state, align = self.step(y, state, memory, keys, mask)
+            y = logits.argmax(-1)
+            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), y)
+            tokens.append(y)
+            aligns.append(align)
+            newly = (y == self.cfg.eos_id) & ~done
+            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
+            done = done | newly
+            if bool(done.all()):
+                break
+        return {
+            "tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
+            "lengths": lengths,
+            "attention": torch.stack(aligns, dim=1),  # T x [B,S'] -> [B,T,S']
+        }
+
+    def export_graphs(self) -> dict[str, ExportSpec]:
+        """``encoder`` + ``decoder_step``; the decoding loop lives in ``serving.decode``."""
+        src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+        src_len = torch.tensor([5, 3])
+        memory, keys, s0, mask = self.encode(src, src_len)
+        batch_seq = {0: "batch", 1: "src_len"}
+        return {
+            "encoder": ExportSpec(
+                _Encoder(self),
+                (src, src_len),
+                ["src", "src_len"],
+                ["memory", "keys", "state", "mask"],
+                {"src": batch_seq, "src_len": {0: "batch"}, "memory": batch_seq,
+                 "keys": batch_seq, "state": {0: "batch"}, "mask": batch_seq},
+            ),
+            "decoder_step": ExportSpec(
+                _DecoderStep(self),
+                (torch.tensor([1, 1]), s0, memory, keys, mask),
+                ["y_prev", "state", "memory", "keys", "mask"],
+                ["log_probs", "new_state", "attention"],
+                {"y_prev": {0: "batch"}, "state": {0: "batch"}, "memory": batch_seq,
+                 "keys": batch_seq, "mask": batch_seq, "log_probs": {0: "batch"},
+                 "new_state": {0: "batch"}, "attention": batch_seq},
+            ),
+        }
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model: Bahdanau):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, src_len: Tensor):
+        return self.model.encode(src, src_len)
+
+
+class _DecoderStep(nn.Module):
+    def __init__(self, model: Bahdanau):
+        super().__init__()
+        self.model = model
+
+    def forward(self, y_prev, state, memory, keys, mask):
+        logits, new_state, align = self.model.step(y_prev, state, memory, keys, mask)
+        # Log-probabilities: what greedy and beam search both consume.
+        return torch.log_softmax(logits, dim=-1), new_state, align

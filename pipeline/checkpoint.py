@@ -1,0 +1,76 @@
+"""Checkpoints: ``model.safetensors`` + ``config.json`` (the resolved config, so export and
+serving never read params.yaml), plus ``trainer.pt`` (optimizer, schedule, progress) in ``last``.
+
+Writes go to a temporary folder that is renamed into place, so a kill mid-save never leaves a
+half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import models
+from pipeline.config import RunConfig, UserError, as_dict
+
+
+def save(path: Path, model: nn.Module, run: RunConfig, optimizer=None, scheduler=None,
+         state: dict | None = None) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+              str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(as_dict(run), indent=2))
+    if optimizer is not None:
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "state": state, "rng": torch.get_rng_state()}, tmp / "trainer.pt")
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_last(ckpt: Path, digest: str, model: nn.Module, optimizer, scheduler) -> dict | None:
+    """Restore ``ckpt/last`` into model/optimizer/scheduler if it was written with the same
+    config (``digest``); returns the saved progress, or None to start fresh."""
+    trainer = Path(ckpt) / "last" / "trainer.pt"
+    if not trainer.exists():
+        return None
+    try:
+        saved = torch.load(trainer, weights_only=False)
+        if saved["state"].get("hash") != digest:
+            return None
+        model.load_state_dict(load_file(str(Path(ckpt) / "last" / "model.safetensors")))
+    except Exception as err:  # a corrupt file must not kill the run: start over, say why
+        print(f"warning: ignoring unreadable checkpoint {trainer.parent} ({err}); starting fresh")
+        return None
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    torch.set_rng_state(saved["rng"])
+    return {k: v for k, v in saved["state"].items() if k != "hash"}
+
+
+def load_model(path: Path) -> tuple[nn.Module, dict]:
+    """Load a checkpoint folder into an eval-mode model; returns (model, resolved config)."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        model = models.build(config["arch"], config["model"])
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+    except FileNotFoundError as err:
+        raise UserError(f"no checkpoint at {path}: run `dvc repro train@<model>` first") from err
+    except models.ConfigError as err:
+        raise UserError(f"checkpoint {path} has a bad config: {err}") from err
+    except Exception as err:
+        raise UserError(f"checkpoint {path} is corrupt ({type(err).__name__}: {err}); "
+                        f"delete it and re-run `dvc repro train@<model>`") from err
+    return model.eval(), config

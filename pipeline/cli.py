@@ -1,0 +1,55 @@
+"""``attnzoo`` command line: one sub-command per stage, plus helpers shared by stage mains.
+
+Errors a user can fix (missing package, unknown model or key, corrupt checkpoint, failed parity)
+end with one clear sentence and exit code 2 — never a bare traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["lr=3e-4", "attention=none"]`` -> ``{"lr": 0.0003, "attention": "none"}`` (YAML-typed)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"error: override '{item}' is not KEY=VALUE")
+        key, value = item.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def run_cli(fn: Callable[[], Any]) -> Any:
+    """Run a stage body, turning user-fixable errors into one line on stderr and exit code 2."""
+    from pipeline.config import UserError
+    from pipeline.tasks import TaskError
+
+    try:
+        return fn()
+    except (UserError, TaskError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted: the last saved checkpoint is kept; re-run to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES:
+        print("usage: attnzoo {" + ",".join(STAGES) + "} ...\n"
+              "Each sub-command is one DVC stage; `attnzoo STAGE --help` for its options.")
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    importlib.import_module(f"pipeline.{argv[0]}").main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

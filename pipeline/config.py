@@ -1,0 +1,146 @@
+"""The one place configuration is merged (DESIGN §4).
+
+Priority, lowest first: model dataclass defaults → facts from the prepared task
+(``manifest.json`` ``model_defaults``, e.g. vocabulary sizes) → ``params.yaml`` ``train`` →
+``params.yaml`` ``models.<name>.train`` / ``.model`` → ``runs/<name>/tuned.yaml`` → overrides
+(a tune trial, the CLI). Infrastructure (devices, precision, nodes) is not configured here: it
+comes from the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import models
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = "params.yaml"
+
+
+class UserError(RuntimeError):
+    """A problem the user can fix; the CLI prints its message, never a traceback."""
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of the shared training loop."""
+
+    seed: int = 0
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    epochs: int = 10
+    max_steps: int = 0  # 0: no cap beyond epochs
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # cosine decay floor, relative to lr
+    grad_clip: float = 1.0
+    eval_every: int = 0  # steps between validations; 0: once per epoch
+    log_every: int = 50
+
+
+@dataclass
+class RunConfig:
+    """Everything one model entry needs, resolved."""
+
+    name: str
+    arch: str
+    task: str
+    model: dict[str, Any]
+    train: TrainConfig
+    data_dir: Path
+    run_dir: Path
+    search_space: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    bar: dict[str, Any] = field(default_factory=dict)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+
+
+def load_params(root: Path = ROOT) -> dict:
+    path = Path(root) / PARAMS
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError as err:
+        raise UserError(f"{path} not found: run from the repository root") from err
+
+
+def read_manifest(data_dir: Path) -> dict:
+    path = data_dir / "manifest.json"
+    if not path.exists():
+        raise UserError(f"{path} is missing: run `dvc repro prepare` first")
+    return json.loads(path.read_text())
+
+
+def _split_overrides(overrides: dict[str, Any]) -> tuple[dict, dict]:
+    """Flat override keys go to the train config if they name a TrainConfig field, else to the
+    model config (a ``model.``/``train.`` prefix forces the choice)."""
+    train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    train, model = {}, {}
+    for key, value in overrides.items():
+        if key.startswith("train."):
+            train[key[6:]] = value
+        elif key.startswith("model."):
+            model[key[6:]] = value
+        elif key in train_keys:
+            train[key] = value
+        else:
+            model[key] = value
+    return train, model
+
+
+def resolve(
+    name: str,
+    params: dict | None = None,
+    overrides: dict[str, Any] | None = None,
+    root: Path = ROOT,
+    use_tuned: bool = True,
+) -> RunConfig:
+    """Resolve model entry ``name`` of ``params.yaml`` into a :class:`RunConfig`.
+
+    Raises:
+        UserError: unknown entry, unknown model or config key, missing prepared data.
+    """
+    root = Path(root)
+    params = params if params is not None else load_params(root)
+    entries = params.get("models", {})
+    if name not in entries:
+        raise UserError(f"unknown model entry '{name}'; params.yaml lists: {', '.join(entries)}")
+    entry = entries[name]
+    data_dir = root / "data" / "prepared" / entry["task"]
+    run_dir = root / "runs" / name
+    model_cfg = dict(read_manifest(data_dir).get("model_defaults", {}))
+    train_cfg = dict(params.get("train", {}))
+    train_cfg.update(entry.get("train", {}))
+    model_cfg.update(entry.get("model", {}))
+    tuned = run_dir / "tuned.yaml"
+    layers = [yaml.safe_load(tuned.read_text()) or {}] if use_tuned and tuned.exists() else []
+    layers.append(overrides or {})
+    for layer in layers:
+        t, m = _split_overrides(layer)
+        train_cfg.update(t)
+        model_cfg.update(m)
+    try:
+        models.make_config(entry["arch"], model_cfg)  # validates keys and the arch
+        train = TrainConfig(**train_cfg)
+    except models.ConfigError as err:
+        raise UserError(f"{name}: {err}") from err
+    except TypeError as err:
+        known = [f.name for f in dataclasses.fields(TrainConfig)]
+        raise UserError(f"{name}: bad train config ({err}); valid keys: {known}") from err
+    return RunConfig(
+        name=name, arch=entry["arch"], task=entry["task"], model=model_cfg, train=train,
+        data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
+        parity=entry.get("parity", {}), bar=entry.get("bar", {}),
+        evaluate=entry.get("evaluate", {}),
+    )
+
+
+def as_dict(run: RunConfig) -> dict:
+    """JSON-friendly view (for MLflow params and checkpoint metadata)."""
+    return {"name": run.name, "arch": run.arch, "task": run.task, "model": run.model,
+            "train": dataclasses.asdict(run.train)}

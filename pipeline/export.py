@@ -1,0 +1,193 @@
+"""Stage ``export@<model>``: ONNX graphs + the blocking parity gate (DESIGN §5).
+
+For each graph named by ``model.export_graphs()`` we write ``onnx/<graph>.onnx`` and check
+onnxruntime against PyTorch
+  1. per graph, on the inputs each graph really sees while the model decodes real test samples,
+     over a grid of batch sizes and sequence lengths (feeds recorded from the PyTorch run);
+  2. end to end: the onnxruntime decoding loop (``serving.decode``) against ``model.predict``:
+     integer outputs (tokens) must be identical, float outputs within tolerance.
+Tolerances (atol/rtol, per output if given) come from ``params.yaml`` ``models.<name>.parity``.
+CPU execution provider always; CUDA too when a CUDA device is visible. Any mismatch writes
+``parity.json`` and fails the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import tracking
+from pipeline.checkpoint import load_model
+from pipeline.config import RunConfig, UserError, resolve
+from pipeline.graphs import TorchGraph, run_loop
+from pipeline.tasks import get_task
+from serving.runtime import OrtGraph, providers
+
+MAX_FEEDS = 24  # recorded step inputs checked per graph and case (spread over the sequence)
+
+
+class ParityError(UserError):
+    """onnxruntime and PyTorch disagree beyond tolerance."""
+
+
+def export_onnx(model, out_dir: Path) -> dict[str, dict]:
+    """Write every graph of ``model`` to ``out_dir/<name>.onnx``; returns their I/O names."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = model.export_graphs()
+    info = {}
+    for name, spec in specs.items():
+        spec.module.eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                spec.module, spec.args, str(out_dir / f"{name}.onnx"), input_names=spec.input_names,
+                output_names=spec.output_names, dynamic_axes=spec.dynamic_axes, dynamo=True,
+                external_data=False, verbose=False, optimize=True,
+            )
+        _name_dynamic_outputs(out_dir / f"{name}.onnx", spec.dynamic_axes)
+        info[name] = {"inputs": spec.input_names, "outputs": spec.output_names}
+    return info
+
+
+def _name_dynamic_outputs(path: Path, dynamic_axes: dict[str, dict[int, str]]) -> None:
+    """The exporter can declare an output's dynamic axis with the example's size (e.g. the
+    encoder memory as [batch, 5, C]); rename such axes as ``dynamic_axes`` says so consumers
+    (Triton configs, shape checks) see the real contract."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    for out in proto.graph.output:
+        for axis, label in dynamic_axes.get(out.name, {}).items():
+            dim = out.type.tensor_type.shape.dim[axis]
+            dim.ClearField("dim_value")
+            dim.dim_param = label
+    onnx.save(proto, str(path))
+
+
+def tolerance(parity: dict, output: str) -> tuple[float, float]:
+    per = parity.get("outputs", {}).get(output, {})
+    return float(per.get("atol", parity.get("atol", 1e-4))), float(per.get("rtol", parity.get("rtol", 1e-3)))
+
+
+def compare(name: str, expected: np.ndarray, actual: np.ndarray, parity: dict) -> dict:
+    """Integers must match exactly; floats within atol + rtol·|expected| (numpy.isclose)."""
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    if expected.shape != actual.shape:
+        return {"passed": False, "error": f"shape {actual.shape} != {expected.shape}"}
+    if expected.dtype.kind in "iub":
+        mismatches = int((expected != actual).sum())
+        return {"passed": mismatches == 0, "mismatches": mismatches}
+    atol, rtol = tolerance(parity, name)
+    diff = np.abs(expected.astype(np.float64) - actual)
+    ok = bool(np.all(diff <= atol + rtol * np.abs(expected)))
+    rel = diff / np.maximum(np.abs(expected), 1e-12)
+    return {"passed": ok, "max_abs": float(diff.max(initial=0)), "max_rel": float(rel.max(initial=0)),
+            "atol": atol, "rtol": rtol}
+
+
+def worst(results: list[dict]) -> dict:
+    """Fold per-call comparisons into one: failed if any failed, largest errors kept."""
+    out = {"passed": all(r["passed"] for r in results)}
+    for key in ("max_abs", "max_rel", "mismatches"):
+        if any(key in r for r in results):
+            out[key] = max(r.get(key, 0) for r in results)
+    for key in ("atol", "rtol", "error"):
+        if any(key in r for r in results):
+            out[key] = next(r[key] for r in results if key in r)
+    return out
+
+
+def _spread(items: list, k: int) -> list:
+    if len(items) <= k:
+        return items
+    return [items[int(i)] for i in np.linspace(0, len(items) - 1, k)]
+
+
+def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: dict,
+                 provider: str) -> dict:
+    """Graph-level and end-to-end parity of ``onnx_dir`` against ``model`` on ``cases``."""
+    specs = model.export_graphs()
+    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+    plain = {n: TorchGraph(s) for n, s in specs.items()}
+    ort_graphs = {n: OrtGraph(onnx_dir / f"{n}.onnx", provider=provider) for n in specs}
+    report = {"provider": ort_graphs[next(iter(specs))].provider, "cases": [], "passed": True}
+    for label, batch in cases:
+        records = {n: [] for n in specs}
+        torch_graphs = {n: TorchGraph(s, records[n]) for n, s in specs.items()}
+        np_batch = {k: v.numpy() for k, v in batch.items()}
+        run_loop(torch_graphs, np_batch, meta)  # records the feeds every graph sees
+        case = {"case": label, "graphs": {}, "e2e": {}}
+        for name, feeds in records.items():
+            checks: dict[str, list[dict]] = {}
+            for feed in _spread(feeds, MAX_FEEDS):
+                want, got = plain[name](feed), ort_graphs[name](feed)
+                for out, value in want.items():
+                    checks.setdefault(out, []).append(compare(out, value, got[out], parity))
+            case["graphs"][name] = {"calls": len(feeds), "checked": min(len(feeds), MAX_FEEDS),
+                                    "outputs": {out: worst(rs) for out, rs in checks.items()}}
+        expected = {k: v.numpy() for k, v in model.predict(batch).items()}
+        actual = run_loop(ort_graphs, np_batch, meta)
+        for key in sorted(set(expected) & set(actual)):
+            case["e2e"][key] = compare(key, expected[key], actual[key], parity)
+            if key == "logits":  # decisions (bits / argmax) must agree exactly
+                same = (expected[key] > 0) == (actual[key] > 0)
+                case["e2e"]["decisions"] = {"passed": bool(same.all()), "mismatches": int((~same).sum())}
+        if not case["e2e"]:
+            case["e2e"]["error"] = {"passed": False, "error": "no common output between predict and the loop"}
+        ok = all(r["passed"] for g in case["graphs"].values() for r in g["outputs"].values())
+        ok = ok and all(r["passed"] for r in case["e2e"].values())
+        case["passed"] = ok
+        report["passed"] = report["passed"] and ok
+        report["cases"].append(case)
+    return report
+
+
+def export(run: RunConfig) -> dict:
+    """Export the best checkpoint of ``run`` and gate it on parity; returns parity.json content."""
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    onnx_dir = run.run_dir / "onnx"
+    shutil.rmtree(onnx_dir, ignore_errors=True)
+    graphs = export_onnx(model, onnx_dir)
+    cases = get_task(run.task).parity_batches(run.data_dir)
+    result = {"graphs": graphs, "providers": {}, "passed": True}
+    wanted = ["cpu"] + (["cuda"] if providers("auto")[0] == "CUDAExecutionProvider" else [])
+    for provider in wanted:
+        rep = parity_check(model, onnx_dir, cases, run.parity, provider)
+        result["providers"][rep["provider"]] = rep
+        result["passed"] = result["passed"] and rep["passed"]
+    if "cuda" not in wanted:
+        result["skipped"] = {"CUDAExecutionProvider": "no CUDA device visible on this machine"}
+    (run.run_dir / "parity.json").write_text(json.dumps(result, indent=1))
+    with tracking.run(run.name, "export") as mlflow:
+        mlflow.log_metric("parity_passed", float(result["passed"]))
+        mlflow.log_artifact(str(run.run_dir / "parity.json"))
+    if not result["passed"]:
+        raise ParityError(f"{run.name}: onnxruntime disagrees with PyTorch beyond tolerance; "
+                          f"see {run.run_dir / 'parity.json'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pipeline.cli import run_cli
+
+    ap = argparse.ArgumentParser(description="Export a trained model to ONNX and check parity.")
+    ap.add_argument("model")
+    args = ap.parse_args(argv)
+
+    def body():
+        result = export(resolve(args.model))
+        for prov, rep in result["providers"].items():
+            print(f"{args.model}: parity {'passed' if rep['passed'] else 'FAILED'} on {prov} "
+                  f"({len(rep['cases'])} cases)")
+
+    run_cli(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Run a model's exported graphs the same way for PyTorch and onnxruntime.
+
+``TorchGraph`` puts a PyTorch ``ExportSpec`` module behind the name-based call that
+``serving.decode`` loops use, so evaluation (torch) and serving/parity (onnxruntime) share one
+decoding loop. ``run_loop`` picks the loop from the graph names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from serving import decode
+
+SEQ2SEQ = {"encoder", "decoder_step"}
+RECURRENT = {"init", "step"}
+
+
+class TorchGraph:
+    """Call a PyTorch graph module with named numpy feeds; optionally record the feeds."""
+
+    def __init__(self, spec, record: list | None = None):
+        self.spec = spec
+        self.record = record
+
+    @torch.no_grad()
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.record is not None:
+            self.record.append({k: np.array(v, copy=True) for k, v in feeds.items()})
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.spec.input_names]
+        outs = self.spec.module(*args)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        return {n: o.numpy() for n, o in zip(self.spec.output_names, outs)}
+
+
+def loop_kind(graph_names) -> str:
+    names = set(graph_names)
+    if SEQ2SEQ <= names:
+        return "seq2seq"
+    if RECURRENT <= names:
+        return "recurrent"
+    return "single"
+
+
+def run_loop(graphs: dict, batch: dict[str, np.ndarray], meta: dict) -> dict[str, np.ndarray]:
+    """Run the model's inference loop over named graphs for one numpy batch.
+
+    ``meta`` carries the model config (special token ids, decoding limit, collected outputs).
+    """
+    kind = loop_kind(graphs)
+    if kind == "seq2seq":
+        return decode.greedy(graphs["encoder"], graphs["decoder_step"], batch["src"], batch["src_len"],
+                             meta["bos_id"], meta["eos_id"], meta["max_len"], meta.get("pad_id", 0))
+    if kind == "recurrent":
+        return decode.unroll(graphs["init"], graphs["step"], batch["x"], tuple(meta.get("collect", ())))
+    (name,) = graphs
+    return graphs[name](batch)

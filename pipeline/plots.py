@@ -1,0 +1,55 @@
+"""Plots written by evaluate/report stages (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def alignment(matrix: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str) -> None:
+    """Attention heatmap: rows = emitted target tokens, columns = source tokens (Bahdanau Fig. 3)."""
+    fig, ax = plt.subplots(figsize=(max(4, 0.45 * len(src) + 2), max(3, 0.4 * len(tgt) + 1.5)))
+    ax.imshow(matrix, cmap="gray", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(src)), src, rotation=70, fontsize=8)
+    ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def by_length(series: dict[str, list[float]], labels: list[str], path: Path, xlabel: str,
+              ylabel: str, title: str) -> None:
+    """One line per model over length buckets (Bahdanau Fig. 2 / NTM error vs length)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in series.items():
+        ax.plot(labels, values, marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def memory_trace(inputs: np.ndarray, target: np.ndarray, output: np.ndarray, write_w: np.ndarray,
+                 read_w: np.ndarray, path: Path, title: str) -> None:
+    """NTM copy trace (Graves 2014 Fig. 6): inputs/outputs over time and head weightings."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6), gridspec_kw={"height_ratios": [1, 2]})
+    panels = [(inputs.T, "inputs"), (np.vstack([target.T, output.T]), "target (top) / output (bottom)"),
+              (write_w.T, "write weighting (slot × time)"), (read_w.T, "read weighting (slot × time)")]
+    for ax, (img, name) in zip(axes.flat, panels):
+        ax.imshow(img, cmap="gray_r" if "weighting" in name else "gray", aspect="auto", interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("time")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

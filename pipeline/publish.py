@@ -1,0 +1,141 @@
+"""Stage ``publish@<model>``: a versioned, deployable artifact + an MLflow model version.
+
+Layout (Triton-style: one folder per model, integer versions)::
+
+    model_repository/<model>/
+        config.pbtxt                 # per-graph I/O, for Triton and for humans
+        <version>/
+            <graph>.onnx ...          # e.g. encoder.onnx + decoder_step.onnx
+            metadata.json             # config, loop kind, token ids, metrics, parity, lineage
+            <task artifacts>          # e.g. spm.de.model / spm.en.model tokenizers
+
+Lineage: git commit and the DVC hashes (``dvc.lock``) of the data, checkpoint and ONNX graphs.
+The MLflow version gets alias ``production`` only if parity passed and the quality bar was met.
+A new version is written only when the graphs changed; re-publishing identical graphs is a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from pipeline import tracking
+from pipeline.config import ROOT, RunConfig, UserError, read_manifest, resolve
+from pipeline.graphs import loop_kind
+
+DTYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(bool)": "TYPE_BOOL",
+          "tensor(int32)": "TYPE_INT32"}
+
+
+def dvc_hashes(root: Path, name: str) -> dict[str, str]:
+    """md5s DVC recorded for this model's stages (empty outside a DVC run)."""
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    stages = yaml.safe_load(lock.read_text()).get("stages", {})
+    out = {}
+    for stage in (f"train@{name}", f"export@{name}"):
+        for entry in stages.get(stage, {}).get("deps", []) + stages.get(stage, {}).get("outs", []):
+            if "md5" in entry:
+                out[entry["path"]] = entry["md5"]
+    return out
+
+
+def config_pbtxt(name: str, onnx_dir: Path, graphs: list[str]) -> str:
+    import onnxruntime as ort
+
+    blocks = [f'name: "{name}"', "# One block per exported graph; serving/ runs the loop between them."]
+    for graph in graphs:
+        sess = ort.InferenceSession(str(onnx_dir / f"{graph}.onnx"), providers=["CPUExecutionProvider"])
+        blocks.append(f'# graph "{graph}"')
+        for kind, items in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
+            for io in items:
+                dims = ", ".join("-1" if not isinstance(d, int) else str(d) for d in io.shape)
+                dtype = DTYPES.get(io.type, io.type)
+                blocks.append(f'# {kind} {{ name: "{io.name}" data_type: {dtype} dims: [ {dims} ] }}')
+    return "\n".join(blocks) + "\n"
+
+
+def digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.glob("*.onnx")):
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def publish(run: RunConfig, root: Path = ROOT) -> dict:
+    onnx_dir = run.run_dir / "onnx"
+    parity_path, metrics_path = run.run_dir / "parity.json", run.run_dir / "metrics.json"
+    if not parity_path.exists() or not metrics_path.exists():
+        raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
+    parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
+    config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
+    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
+    repo = root / "model_repository" / run.name
+    repo.mkdir(parents=True, exist_ok=True)
+    versions = sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and p.name.isdigit())
+    graph_digest = digest(onnx_dir)
+    if versions:
+        latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
+        if latest.get("graph_sha256") == graph_digest:
+            return latest
+    version = (versions[-1] + 1) if versions else 1
+    tmp = repo / f".{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for graph in graphs:
+        shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
+    manifest = read_manifest(run.data_dir)
+    for artifact in manifest.get("artifacts", []):
+        shutil.copy2(run.data_dir / artifact, tmp / artifact)
+    promote = bool(parity["passed"] and metrics["bar"]["passed"])
+    meta = {
+        "model": run.name, "arch": run.arch, "task": run.task, "version": version,
+        "loop": loop_kind(graphs), "graphs": graphs, "config": config["model"],
+        "artifacts": manifest.get("artifacts", []), "graph_sha256": graph_digest,
+        "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
+        "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,
+        "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name),
+    }
+    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (repo / "config.pbtxt").write_text(config_pbtxt(run.name, onnx_dir, graphs))
+    tmp.rename(repo / str(version))
+    with tracking.run(run.name, "publish", root=root) as mlflow:
+        mlflow.log_artifacts(str(repo / str(version)), "model")
+        source = mlflow.get_artifact_uri("model")
+        client = mlflow.MlflowClient()
+        try:
+            client.get_registered_model(run.name)
+        except Exception:
+            client.create_registered_model(run.name, description=f"attnzoo {run.arch} on {run.task}")
+        mv = client.create_model_version(run.name, source, run_id=mlflow.active_run().info.run_id,
+                                         tags={"repository_version": str(version), "git_commit": meta["git_commit"]})
+        if promote:
+            client.set_registered_model_alias(run.name, "production", mv.version)
+        meta["mlflow_version"] = mv.version
+    (repo / str(version) / "metadata.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pipeline.cli import run_cli
+
+    ap = argparse.ArgumentParser(description="Publish an exported model to model_repository/ and MLflow.")
+    ap.add_argument("model")
+    args = ap.parse_args(argv)
+
+    def body():
+        meta = publish(resolve(args.model))
+        print(f"{args.model}: version {meta['version']} in model_repository/{args.model} "
+              f"({'production' if meta['production'] else 'not promoted: bar or parity not met'})")
+
+    run_cli(body)
+
+
+if __name__ == "__main__":
+    main()

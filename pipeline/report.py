@@ -1,0 +1,58 @@
+"""Stage ``report@<task>``: compare every model of a task side by side.
+
+Reads the rows ``evaluate`` wrote to ``results/<task>/*.json`` and writes
+``reports/<task>.md`` and ``reports/<task>_by_length.png`` (e.g. Bahdanau's Fig. 2: BLEU by
+source length for RNNsearch vs the RNNencdec ablation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline import plots
+from pipeline.config import ROOT
+
+BAR = {True: "met", False: "not met", None: "none set"}
+
+
+def report(task: str, root: Path = ROOT) -> str:
+    rows = [json.loads(p.read_text()) for p in sorted((root / "results" / task).glob("*.json"))]
+    out = root / "reports"
+    out.mkdir(exist_ok=True)
+    if not rows:
+        text = f"# {task}\n\nNo evaluated model yet.\n"
+        (out / f"{task}.md").write_text(text)
+        return text
+    heads = sorted({k for r in rows for k in r["headline"]})
+    lines = [f"# {task}: model comparison", "",
+             "| model | arch | " + " | ".join(heads) + " | parameters | train s | bar |",
+             "|---|---|" + "---|" * len(heads) + "---|---|---|"]
+    for r in rows:
+        vals = " | ".join(str(r["headline"].get(h, "")) for h in heads)
+        lines.append(f"| {r['model']} | {r['arch']} | {vals} | {r['parameters']:,} | "
+                     f"{r['train_seconds']} | {BAR[r['bar_passed']]} |")
+    spec = rows[0]["by_length"]
+    lines += ["", f"## {spec['metric']} by {spec['xlabel']}", "",
+              "| model | " + " | ".join(spec["labels"]) + " |", "|---|" + "---|" * len(spec["labels"])]
+    lines += [f"| {r['model']} | " + " | ".join(str(v) for v in r["by_length"]["values"]) + " |" for r in rows]
+    lines += ["", f"![by length]({task}_by_length.png)", ""]
+    plots.by_length({r["model"]: r["by_length"]["values"] for r in rows}, spec["labels"],
+                    out / f"{task}_by_length.png", spec["xlabel"], spec["metric"], task)
+    text = "\n".join(lines)
+    (out / f"{task}.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pipeline.cli import run_cli
+
+    ap = argparse.ArgumentParser(description="Write the comparison report of one task.")
+    ap.add_argument("task")
+    args = ap.parse_args(argv)
+    run_cli(lambda: print(report(args.task)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Tasks: raw data → prepared tensors, datasets, collate functions (and their metrics)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+
+class TaskError(RuntimeError):
+    """A task cannot run; the message names the fix."""
+
+
+class Task:
+    name: str = ""
+
+    def prepare(self, params: dict, out: Path) -> dict:
+        """Write prepared files into ``out``; return manifest facts (counts, vocab...)."""
+        raise TaskError(f"task {self.name} has no prepare step")
+
+    def load(self, data_dir: Path, split: str) -> list:
+        """Load one split as a list of items for :meth:`collate`."""
+        raise TaskError(f"task {self.name} has no split '{split}'")
+
+    def collate(self, items: list) -> dict:
+        raise TaskError(f"task {self.name} has no collate function")
+
+    def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
+        """Test metrics and plots for a trained model.
+
+        Returns: (metrics for ``metrics.json``, a comparison row for the task report with
+        ``headline`` values and a ``by_length`` series).
+        """
+        raise TaskError(f"task {self.name} has no evaluation")
+
+    def parity_batches(self, data_dir: Path) -> list[tuple[str, dict]]:
+        """Real test batches over a grid of batch sizes and lengths, for the parity gate."""
+        raise TaskError(f"task {self.name} has no parity batches")
+
+    def length(self, item) -> int:
+        """Size used to bucket items of similar length into batches."""
+        return len(item)
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    if not TASKS:
+        for info in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{info.name}")
+    if name not in TASKS:
+        raise TaskError(f"unknown task '{name}'; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-time setup: virtualenv, PyTorch (CPU wheel unless a GPU is present), attnzoo and its
+# dependencies, and the Debian data packages. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+DEBIAN_PACKAGES="dict-de-en"
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "error: attnzoo needs Python >= 3.11 (found $("$PYTHON" --version)); set PYTHON=python3.11" >&2
+  exit 2
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+$PIP install --upgrade pip >/dev/null
+if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    $PIP install torch                                   # CUDA build for GPU machines
+  else
+    # CPU wheel first, so the open `torch>=2.4` requirement does not pull a multi-GB CUDA build.
+    $PIP install torch==2.13.0 || $PIP install torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+$PIP install -e ".[dev]"
+
+missing=""
+for pkg in $DEBIAN_PACKAGES; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
+done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+  else
+    echo "warning: Debian package(s)$missing are needed for the data; install them with" \
+         "'sudo apt-get install$missing' (prepare@translation_de_en stops with this message until then)." >&2
+  fi
+fi
+touch "$VENV/.setup-done"

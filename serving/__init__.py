@@ -1,0 +1,1 @@
+"""Serving: runs published ONNX graphs with onnxruntime (never torch)."""

@@ -1,0 +1,124 @@
+"""Decoding loops over exported step graphs, in numpy (DESIGN §3: the server runs the loop).
+
+A *graph* here is any callable ``feeds -> outputs`` over named numpy arrays: an onnxruntime
+session (serving, parity) or a PyTorch module behind the same names (evaluation), so one loop
+serves both and parity compares like with like.
+
+Seq2seq naming contract (``encoder`` + ``decoder_step``): the decoder step takes ``y_prev``
+[B], *carried* inputs X whose next value it returns as ``new_X`` (first value: the encoder's
+output X), and *static* inputs copied from the encoder outputs; it returns ``log_probs`` [B,V]
+and ``attention`` [B,S].
+
+Recurrent naming contract (``init`` + ``step``): ``init`` maps the input sequence to the
+initial state; ``step`` takes ``x`` [B,I] and the state X, returns ``logits`` and ``new_X``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _carried(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k[4:]: v for k, v in outputs.items() if k.startswith("new_")}
+
+
+def greedy(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarray, bos: int, eos: int,
+           max_len: int, pad: int = 0) -> dict[str, np.ndarray]:
+    """Batched greedy decoding.
+
+    Args: src [B,S] int64, src_len [B] int64.
+    Returns: tokens [B,T] (EOS then pad), lengths [B] (tokens before EOS), attention [B,T,S'].
+    """
+    enc = encoder({"src": src, "src_len": src_len})
+    state = dict(enc)
+    bsz = src.shape[0]
+    y = np.full((bsz,), bos, dtype=np.int64)
+    done = np.zeros(bsz, dtype=bool)
+    lengths = np.full((bsz,), max_len, dtype=np.int64)
+    tokens, aligns = [], []
+    for t in range(max_len):
+        out = step({**state, "y_prev": y})
+        # First index of the max, as torch.argmax, so ties break the same way.
+        y = out["log_probs"].argmax(-1).astype(np.int64)
+        y = np.where(done, pad, y)
+        tokens.append(y)
+        aligns.append(out["attention"])
+        newly = (y == eos) & ~done
+        lengths = np.where(newly, t, lengths)
+        done |= newly
+        state.update(_carried(out))
+        if done.all():
+            break
+    return {"tokens": np.stack(tokens, 1), "lengths": lengths, "attention": np.stack(aligns, 1)}
+
+
+def beam_search(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarray, bos: int,
+                eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0
+                ) -> dict[str, np.ndarray]:
+    """Beam search for one sentence (src [1,S]); hypotheses are ranked by
+    log p / length**length_penalty.
+
+    Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float.
+    """
+    enc = encoder({"src": src, "src_len": src_len})
+    state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [K,...]
+    scores = np.full(beam, -np.inf)
+    scores[0] = 0.0  # all beams start identical: keep one alive so they don't duplicate
+    hyps = [[] for _ in range(beam)]
+    aligns: list[list[np.ndarray]] = [[] for _ in range(beam)]
+    y = np.full(beam, bos, dtype=np.int64)
+    finished: list[tuple[float, list[int], list[np.ndarray]]] = []
+    for _ in range(max_len):
+        out = step({**state, "y_prev": y})
+        logp = out["log_probs"].astype(np.float64)  # [K,V]
+        vocab = logp.shape[1]
+        total = (scores[:, None] + logp).reshape(-1)  # [K*V]
+        order = np.argsort(-total, kind="stable")
+        next_beams, next_scores, next_tokens = [], [], []
+        for flat in order:
+            if len(next_beams) == beam or not np.isfinite(total[flat]):
+                break
+            k, tok = divmod(int(flat), vocab)
+            if tok == eos:
+                norm = total[flat] / (len(hyps[k]) + 1) ** length_penalty
+                finished.append((norm, hyps[k], aligns[k] + [out["attention"][k]]))
+            else:
+                next_beams.append(k)
+                next_scores.append(total[flat])
+                next_tokens.append(tok)
+        if len(finished) >= beam or not next_beams:
+            break
+        idx = np.array(next_beams + [next_beams[0]] * (beam - len(next_beams)))
+        hyps = [hyps[k] + [tok] for k, tok in zip(next_beams, next_tokens)]
+        aligns = [aligns[k] + [out["attention"][k]] for k in next_beams]
+        pad = beam - len(hyps)
+        hyps += [list(hyps[0])] * pad
+        aligns += [list(aligns[0])] * pad
+        scores = np.array(next_scores + [-np.inf] * pad)
+        y = np.array(next_tokens + [next_tokens[0]] * pad, dtype=np.int64)
+        state.update({name: value[idx] for name, value in _carried(out).items()})
+    if not finished:  # no hypothesis ended within max_len: take the best unfinished one
+        k = int(np.argmax(scores))
+        finished.append((scores[k], hyps[k], aligns[k]))
+    norm, tokens, align = max(finished, key=lambda f: f[0])
+    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm)}
+
+
+def unroll(init: Graph, step: Graph, x: np.ndarray, collect: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Run a recurrent step graph over x [B,T,I].
+
+    Returns: logits [B,T,O] and each ``collect``-ed step output stacked over time [B,T,...].
+    """
+    state = init({"x": x})
+    logits, kept = [], {name: [] for name in collect}
+    for t in range(x.shape[1]):
+        out = step({**state, "x": np.ascontiguousarray(x[:, t])})
+        logits.append(out["logits"])
+        for name in collect:
+            kept[name].append(out[name])
+        state = _carried(out)
+    return {"logits": np.stack(logits, 1), **{k: np.stack(v, 1) for k, v in kept.items()}}

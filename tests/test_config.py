@@ -1,0 +1,55 @@
+"""config.resolve: one merge, in the documented order, with clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pipeline.config import UserError, resolve
+
+
+@pytest.fixture
+def root(tmp_path):
+    data = tmp_path / "data" / "prepared" / "copy"
+    data.mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"model_defaults": {"input_size": 5, "output_size": 4}}))
+    params = {
+        "train": {"lr": 0.1, "batch_size": 8, "epochs": 3},
+        "models": {"m": {"arch": "ntm", "task": "copy", "model": {"memory_size": 16, "output_size": 7},
+                         "train": {"lr": 0.2}}},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path
+
+
+def test_priority_order(root):
+    run = resolve("m", root=root)
+    assert run.model["input_size"] == 5  # task fact
+    assert run.model["output_size"] == 7  # params model section beats the task fact
+    assert run.model["memory_size"] == 16
+    assert run.train.lr == 0.2 and run.train.batch_size == 8 and run.train.epochs == 3
+    assert run.train.grad_clip == 1.0  # dataclass default
+    (root / "runs" / "m").mkdir(parents=True)
+    (root / "runs" / "m" / "tuned.yaml").write_text(yaml.safe_dump({"lr": 0.3, "memory_size": 32}))
+    run = resolve("m", root=root)
+    assert run.train.lr == 0.3 and run.model["memory_size"] == 32
+    run = resolve("m", root=root, overrides={"lr": 0.4, "model.word_size": 3})
+    assert run.train.lr == 0.4 and run.model["word_size"] == 3
+    assert resolve("m", root=root, use_tuned=False).train.lr == 0.2
+
+
+def test_unknown_keys_and_entries_are_clear_errors(root):
+    with pytest.raises(UserError, match=r"unknown config key\(s\) \['memroy'\]"):
+        resolve("m", root=root, overrides={"memroy": 3})
+    with pytest.raises(UserError, match="unknown model entry 'x'"):
+        resolve("x", root=root)
+    with pytest.raises(UserError, match="bad train config"):
+        resolve("m", root=root, overrides={"train.lr_typo": 1})
+
+
+def test_missing_prepared_data(root):
+    (root / "data" / "prepared" / "copy" / "manifest.json").unlink()
+    with pytest.raises(UserError, match="dvc repro prepare"):
+        resolve("m", root=root)

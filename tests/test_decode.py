@@ -1,0 +1,81 @@
+"""serving.decode loops on hand-built step functions with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import models
+from pipeline.graphs import TorchGraph
+from serving.decode import beam_search, greedy, unroll
+from tests.conftest import TINY, tiny_batch
+
+BOS, EOS = 1, 2
+# Transition table log p(next | prev) over a 4-token vocabulary {0 pad, 1 bos, 2 eos, 3 x}.
+# Greedy takes 3 (p=.6) then must pay for a poor continuation; beam finds "eos" directly better.
+TABLE = np.log(np.array([
+    [0.25, 0.25, 0.25, 0.25],
+    [0.01, 0.01, 0.39, 0.59],   # after BOS: x (0.59) beats eos (0.39)
+    [0.25, 0.25, 0.25, 0.25],
+    [0.01, 0.01, 0.30, 0.68],   # after x: x again, or eos at 0.30
+]))
+
+
+def encoder(feeds):
+    bsz = feeds["src"].shape[0]
+    return {"state": np.zeros((bsz, 1), dtype=np.float32), "memory": np.ones((bsz, 3, 1), dtype=np.float32)}
+
+
+def step(feeds):
+    y = feeds["y_prev"]
+    return {"log_probs": TABLE[y], "new_state": feeds["state"] + 1,
+            "attention": np.tile(np.array([[1.0, 0.0, 0.0]]), (len(y), 1))}
+
+
+def test_greedy_follows_argmax_and_stops_at_max_len():
+    out = greedy(encoder, step, np.zeros((2, 3), np.int64), np.array([3, 3]), BOS, EOS, max_len=4)
+    assert out["tokens"].tolist() == [[3, 3, 3, 3]] * 2
+    assert out["lengths"].tolist() == [4, 4]
+    assert out["attention"].shape == (2, 4, 3)
+
+
+def test_beam_finds_the_higher_probability_sequence():
+    out = beam_search(encoder, step, np.zeros((1, 3), np.int64), np.array([3]), BOS, EOS,
+                      max_len=6, beam=3, length_penalty=0.0)
+    # p(eos) = .39 beats p(x, eos) = .59*.30 = .177 and every longer one.
+    assert out["tokens"].tolist() == []
+    assert np.isclose(out["score"], np.log(0.39))
+    assert out["attention"].shape == (1, 3)
+
+
+def test_beam_with_length_normalisation_prefers_longer_hypotheses():
+    out = beam_search(encoder, step, np.zeros((1, 3), np.int64), np.array([3]), BOS, EOS,
+                      max_len=6, beam=3, length_penalty=1.0)
+    # average log-prob: [eos] log(.39)/1 = -.94; [x, eos] (log .59 + log .30)/2 = -.87; [x, x, eos] -.66 ...
+    assert len(out["tokens"]) >= 2 and set(out["tokens"].tolist()) == {3}
+
+
+def test_beam_of_one_equals_greedy_on_a_real_model():
+    torch.manual_seed(0)
+    model = models.build("bahdanau", TINY["bahdanau"]).eval()
+    specs = model.export_graphs()
+    enc, dec = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    batch = tiny_batch("bahdanau")
+    for b in range(3):
+        n = int(batch["src_len"][b])
+        src = batch["src"][b : b + 1, :n].numpy()
+        g = greedy(enc, dec, src, np.array([n]), BOS, EOS, max_len=12)
+        k1 = beam_search(enc, dec, src, np.array([n]), BOS, EOS, max_len=12, beam=1, length_penalty=0.0)
+        assert k1["tokens"].tolist() == g["tokens"][0, : g["lengths"][0]].tolist()
+
+
+def test_unroll_matches_ntm_predict():
+    torch.manual_seed(0)
+    model = models.build("ntm", TINY["ntm"]).eval()
+    specs = model.export_graphs()
+    batch = tiny_batch("ntm")
+    out = unroll(TorchGraph(specs["init"]), TorchGraph(specs["step"]), batch["x"].numpy(),
+                 collect=("new_write_w",))
+    expected = model.predict(batch)
+    np.testing.assert_allclose(out["logits"], expected["logits"].numpy(), atol=1e-6)
+    np.testing.assert_allclose(out["new_write_w"], expected["write_weights"].numpy(), atol=1e-6)

@@ -1,0 +1,75 @@
+"""Attention mechanisms in models/layers.py against hand-computed values."""
+
+from __future__ import annotations
+
+import torch
+from torch.testing import assert_close
+
+from models.layers import AdditiveAttention, circular_shift, cosine_content_weights, ntm_address
+
+
+def test_additive_attention_matches_formula():
+    torch.manual_seed(0)
+    attn = AdditiveAttention(query_dim=3, key_dim=4, attn_dim=5)
+    query, keys = torch.randn(2, 3), torch.randn(2, 6, 4)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.float)
+    context, weights = attn(query, attn.project_keys(keys), keys, mask)
+    # e_ij = v^T tanh(W s + U h_j), softmax over the real positions only.
+    scores = (torch.tanh(query.unsqueeze(1) @ attn.query.weight.T + keys @ attn.key.weight.T + attn.key.bias)
+              @ attn.v.weight.T).squeeze(-1)
+    expected = torch.softmax(scores.masked_fill(mask == 0, float("-inf")), -1)
+    assert_close(weights, expected)
+    assert_close(weights[1, 3:], torch.zeros(3))
+    assert_close(context, (expected.unsqueeze(-1) * keys).sum(1))
+
+
+def test_content_weights_prefer_the_matching_row():
+    memory = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]])
+    key = torch.tensor([[[0.0, 2.0]]])
+    w = cosine_content_weights(memory, key, beta=torch.tensor([[[10.0]]]))
+    # cos = [0, 1, 0] -> softmax(10 * cos)
+    expected = torch.softmax(torch.tensor([0.0, 10.0, 0.0]), -1)
+    assert_close(w[0, 0], expected)
+
+
+def test_content_weights_are_finite_on_zero_memory():
+    memory = torch.zeros(1, 4, 3, requires_grad=True)
+    key = torch.randn(1, 1, 3, requires_grad=True)
+    w = cosine_content_weights(memory, key, torch.ones(1, 1, 1))
+    w.sum().backward()
+    assert_close(w[0, 0], torch.full((4,), 0.25))
+    assert torch.isfinite(memory.grad).all() and torch.isfinite(key.grad).all()
+
+
+def test_circular_shift_moves_and_wraps():
+    w = torch.tensor([[[0.0, 0.0, 0.0, 1.0]]])
+    forward = torch.tensor([[[0.0, 0.0, 1.0]]])  # all mass on a +1 move
+    assert_close(circular_shift(w, forward), torch.tensor([[[1.0, 0.0, 0.0, 0.0]]]))
+    back = torch.tensor([[[1.0, 0.0, 0.0]]])
+    assert_close(circular_shift(w, back), torch.tensor([[[0.0, 0.0, 1.0, 0.0]]]))
+    split = torch.tensor([[[0.25, 0.5, 0.25]]])
+    assert_close(circular_shift(w, split), torch.tensor([[[0.25, 0.0, 0.25, 0.5]]]))
+
+
+def test_ntm_address_location_mode_and_sharpening():
+    memory = torch.randn(1, 5, 3)
+    prev = torch.tensor([[[0.0, 1.0, 0.0, 0.0, 0.0]]])
+    # g = 0 ignores content: the previous weighting is shifted by +1 and stays one-hot.
+    w = ntm_address(memory, prev, torch.randn(1, 1, 3), torch.ones(1, 1, 1), torch.zeros(1, 1, 1),
+                    torch.tensor([[[0.0, 0.0, 1.0]]]), torch.ones(1, 1, 1))
+    assert_close(w, torch.tensor([[[0.0, 0.0, 1.0, 0.0, 0.0]]]), atol=1e-6, rtol=0)
+    # Sharpening with γ = 2 squares and renormalises a blurred weighting.
+    blurred = ntm_address(memory, prev, torch.randn(1, 1, 3), torch.ones(1, 1, 1), torch.zeros(1, 1, 1),
+                          torch.tensor([[[0.25, 0.5, 0.25]]]), torch.full((1, 1, 1), 2.0))
+    expected = torch.tensor([0.25, 0.5, 0.25]) ** 2
+    assert_close(blurred[0, 0, :3], expected / expected.sum(), atol=1e-6, rtol=1e-5)
+    assert_close(blurred.sum(-1), torch.ones(1, 1))
+
+
+def test_sharpening_gradient_is_finite_at_zero_weights():
+    gamma = torch.full((1, 1, 1), 3.0, requires_grad=True)
+    prev = torch.tensor([[[1.0, 0.0, 0.0]]])
+    w = ntm_address(torch.randn(1, 3, 2), prev, torch.randn(1, 1, 2), torch.ones(1, 1, 1),
+                    torch.zeros(1, 1, 1), torch.tensor([[[0.0, 1.0, 0.0]]]), gamma)
+    (w * torch.arange(3.0)).sum().backward()
+    assert torch.isfinite(gamma.grad).all()

@@ -1,0 +1,71 @@
+"""Smoke test: the whole ``dvc repro`` on a temporary copy of the repository with tiny params."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import TINY, copy_repo, venv_env
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_params(params: dict) -> dict:
+    params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
+    params["tasks"]["translation_de_en"].update(vocab_size=400)
+    params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
+    for entry in params["models"].values():
+        entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
+        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size"):
+            entry["model"].pop(key, None)  # these come from the prepared data
+        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
+                          "batch_size": 16, "warmup_steps": 2}
+        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "beam": 3}
+    return params
+
+
+def run(cmd: list[str], cwd: Path, env: dict) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout + proc.stderr
+
+
+def test_dvc_repro_end_to_end(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    env = venv_env(repo)
+    params = tiny_params(yaml.safe_load((repo / "params.yaml").read_text()))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for path in ("dvc.lock", "runs", "results", "reports"):
+        subprocess.run(["rm", "-rf", str(repo / path)], check=True)
+    run(["git", "init", "-q"], repo, env)
+    run(["dvc", "repro"], repo, env)
+    models = list(params["models"])
+    for name in models:
+        metrics = json.loads((repo / "runs" / name / "metrics.json").read_text())
+        parity = json.loads((repo / "runs" / name / "parity.json").read_text())
+        assert parity["passed"] is True
+        cases = parity["providers"]["CPUExecutionProvider"]["cases"]
+        assert len(cases) >= 3 and all(c["passed"] for c in cases)
+        assert "bar" in metrics and isinstance(metrics["bar"]["passed"], bool)
+        meta = json.loads((repo / "model_repository" / name / "1" / "metadata.json").read_text())
+        assert meta["version"] == 1 and meta["dvc"], meta
+        for graph in meta["graphs"]:
+            assert (repo / "model_repository" / name / "1" / f"{graph}.onnx").stat().st_size > 1000
+        assert (repo / "runs" / name / "tuned.yaml").exists()
+    assert (repo / "runs" / "bahdanau" / "plots" / "alignment_0.png").exists()
+    assert (repo / "runs" / "ntm" / "plots" / "memory_trace_len20.png").exists()
+    assert "bahdanau_none" in (repo / "reports" / "translation_de_en.md").read_text()
+    # One training run per model, child runs for tune trials, a registered version per model.
+    db = sqlite3.connect(repo / "mlflow.db")
+    names = [r[0] for r in db.execute("select name from registered_models")]
+    assert sorted(names) == sorted(models)
+    parents = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'"))
+    assert len(parents) >= 2 * len(models)  # every tune trial is a child run
+    # Nothing changed: a second repro runs no stage.
+    out = run(["dvc", "repro"], repo, env)
+    assert "Running stage" not in out, out

@@ -1,0 +1,96 @@
+"""Walks the whole registry: every model builds from a tiny config, has the right shapes,
+back-propagates, overfits one batch, exports to ONNX and passes parity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import models
+from pipeline.export import export_onnx, parity_check
+from tests.conftest import TINY, tiny_batch
+
+
+def test_every_registered_model_has_a_tiny_config():
+    assert set(models.REGISTRY) == set(TINY), "add the new model to tests/conftest.py TINY"
+
+
+def test_unknown_config_key_is_rejected():
+    with pytest.raises(models.ConfigError, match="unknown config key"):
+        models.build("ntm", {"memroy_size": 3})
+    with pytest.raises(models.ConfigError, match="unknown model"):
+        models.build("nope", {})
+
+
+def test_forward_backward_and_shapes(arch):
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch])
+    batch = tiny_batch(arch)
+    loss, logs = model.loss(batch)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+    out = model.eval().predict(batch)
+    if arch == "bahdanau":
+        bsz, steps = out["tokens"].shape
+        assert bsz == 3 and out["attention"].shape == (3, steps, batch["src"].shape[1])
+        # each emitted token's alignment is a distribution over the real source positions
+        assert torch.allclose(out["attention"].sum(-1), torch.ones(3, steps), atol=1e-5)
+        assert float(out["attention"][2, :, 2:].abs().max()) == 0.0  # padding never attended
+    if arch == "ntm":
+        steps = batch["x"].shape[1]
+        assert out["bits"].shape == batch["y"].shape
+        assert out["read_weights"].shape == (3, steps, 1, TINY[arch]["memory_size"])
+        assert torch.allclose(out["write_weights"].sum(-1), torch.ones(3, steps, 1), atol=1e-5)
+
+
+def test_overfits_one_batch(arch):
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch])
+    batch = tiny_batch(arch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = float(model.loss(batch)[0])
+    for _ in range(150):
+        loss, _ = model.loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss) < 0.2 * first, (first, float(loss))
+
+
+def test_export_and_parity(arch, tmp_path):
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch]).eval()
+    graphs = export_onnx(model, tmp_path)
+    assert set(graphs) == set(model.export_graphs())
+    cases = [(f"batch {b}", tiny_batch(arch, seed=b, batch=b)) for b in (1, 2, 3)]
+    report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    assert report["passed"], report
+    for case in report["cases"]:
+        for graph in case["graphs"].values():
+            assert graph["checked"] >= 1
+            for result in graph["outputs"].values():
+                assert result.get("max_abs", 0) < 1e-4 and result.get("mismatches", 0) == 0
+
+
+def test_parity_catches_a_changed_model(arch, tmp_path):
+    """The gate is real: perturbing the weights after export must fail it."""
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch]).eval()
+    export_onnx(model, tmp_path)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    report = parity_check(model, tmp_path, [("b3", tiny_batch(arch))], {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    assert not report["passed"]
+
+
+def test_config_dataclasses_are_typed():
+    for entry in models.REGISTRY.values():
+        assert dataclasses.is_dataclass(entry.config_cls)
+        for f in dataclasses.fields(entry.config_cls):
+            assert f.type is not None

@@ -1,0 +1,131 @@
+"""Task data: the dictionary parser, splits, collate layouts, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.prepare import prepare
+from pipeline.tasks import TaskError, get_task
+from pipeline.tasks.copy import CopyTask
+from pipeline.tasks.translation_de_en import SOURCE, TranslationTask, _split, extract_pairs
+
+DICT_SNIPPET = """Abbruch
+ {m}
+   demolition
+Ich habe am ursprünglichen Entwurf ein paar Änderungen vorgenommen.
+
+   I’ve made one or two modifications to the original design.
+Wenn man Sukkulenten als reine Wüstenpflanzen sieht, scheint es paradox,
+dass sie in kalten Klimazonen wachsen.
+
+   If you see succulents as pure desert plants, it seems paradoxical that
+they grow in cold climates.
+Da ist noch Abhilfe möglich.
+
+   He / It is not without remedy.
+Sie sah ihn argwöhnisch an.
+
+   She looked at him suspiciously.; She eyed him.
+Wir betrachten es als große Ehre, Sie heute abend hier bei uns zu haben.
+
+   We consider it a great honor to have you here with us tonight.
+Betrachten Sie sich als entlassen.
+
+   Consider yourself fired.
+""".split("\n")
+
+
+def test_extract_pairs_handles_wrapping_alternatives_and_annotations():
+    pairs = extract_pairs(DICT_SNIPPET)
+    assert pairs == [
+        ("Ich habe am ursprünglichen Entwurf ein paar Änderungen vorgenommen.",
+         "I've made one or two modifications to the original design."),
+        ("Wenn man Sukkulenten als reine Wüstenpflanzen sieht, scheint es paradox, dass sie in kalten "
+         "Klimazonen wachsen.",
+         "If you see succulents as pure desert plants, it seems paradoxical that they grow in cold climates."),
+        ("Sie sah ihn argwöhnisch an.", "She looked at him suspiciously."),
+        ("Wir betrachten es als große Ehre, Sie heute abend hier bei uns zu haben.",
+         "We consider it a great honor to have you here with us tonight."),
+        ("Betrachten Sie sich als entlassen.", "Consider yourself fired."),
+    ]
+
+
+def test_split_keeps_each_english_sentence_in_one_split():
+    pairs = [(f"de {i} {j}.", f"en {i}.") for i in range(50) for j in range(2)]
+    split = _split(pairs, seed=1, val_size=5, test_size=10)
+    seen = {name: {en for _, en in rows} for name, rows in split.items()}
+    assert len(seen["test"]) == 10 and len(seen["val"]) == 5 and len(seen["train"]) == 35
+    assert not (seen["test"] & seen["train"]) and not (seen["val"] & seen["train"])
+    assert _split(pairs, seed=1, val_size=5, test_size=10) == split
+
+
+def test_translation_collate_shifts_targets():
+    batch = TranslationTask().collate([{"src": [5, 6, 2], "tgt": [7, 8]}, {"src": [9, 2], "tgt": [4]}])
+    assert batch["src"].tolist() == [[5, 6, 2], [9, 2, 0]]
+    assert batch["src_len"].tolist() == [3, 2]
+    assert batch["tgt_in"].tolist() == [[1, 7, 8], [1, 4, 0]]
+    assert batch["tgt_out"].tolist() == [[7, 8, 2], [4, 2, 0]]
+
+
+def test_copy_collate_layout():
+    seq = torch.tensor([[1, 0], [0, 1], [1, 1]], dtype=torch.uint8)
+    batch = CopyTask().collate([seq, seq[:1]])
+    assert batch["x"].shape == (2, 7, 3)
+    assert batch["x"][0, 3].tolist() == [0, 0, 1]  # delimiter channel after the sequence
+    assert batch["x"][0, 4:].abs().sum() == 0  # blanks during recall
+    assert batch["y"][0, 4:].tolist() == seq.float().tolist()
+    assert batch["mask"].tolist() == [[0, 0, 0, 0, 1, 1, 1], [0, 0, 1, 0, 0, 0, 0]]
+
+
+def test_copy_prepare_is_deterministic(tmp_path):
+    params = {"seed": 3, "bits": 4, "min_len": 1, "max_len": 5, "train_size": 50, "val_size": 10,
+              "test_size": 8, "test_lengths": [5, 10]}
+    a = prepare("copy", params, tmp_path / "a")
+    b = prepare("copy", params, tmp_path / "b")
+    assert a["files"] == b["files"]
+    c = prepare("copy", {**params, "seed": 4}, tmp_path / "c")
+    assert c["files"]["train.pt"] != a["files"]["train.pt"]
+    test10 = CopyTask().load(tmp_path / "a", "test_10")
+    assert len(test10) == 8 and all(s.shape == (10, 4) for s in test10)
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["model_defaults"] == {
+        "input_size": 5, "output_size": 4}
+
+
+def test_failed_prepare_keeps_earlier_output(tmp_path, monkeypatch):
+    params = {"seed": 3, "bits": 4, "min_len": 1, "max_len": 5, "train_size": 5, "val_size": 2,
+              "test_size": 2, "test_lengths": [5]}
+    prepare("copy", params, tmp_path / "copy")
+    before = (tmp_path / "copy" / "manifest.json").read_text()
+
+    def broken(self, params, out):
+        raise TaskError("boom")
+
+    monkeypatch.setattr(CopyTask, "prepare", broken)
+    with pytest.raises(TaskError):
+        prepare("copy", params, tmp_path / "copy")
+    assert (tmp_path / "copy" / "manifest.json").read_text() == before
+
+
+def test_missing_debian_package_is_one_clear_error(tmp_path, monkeypatch):
+    import pipeline.tasks.translation_de_en as tr
+
+    monkeypatch.setattr(tr, "SOURCE", tmp_path / "absent.dict.dz")
+    with pytest.raises(TaskError, match="apt-get install dict-de-en"):
+        tr.TranslationTask().prepare({}, tmp_path)
+
+
+def test_unknown_task():
+    with pytest.raises(TaskError, match="unknown task"):
+        get_task("nope")
+
+
+@pytest.mark.skipif(not SOURCE.exists(), reason="needs Debian dict-de-en (make setup installs it)")
+def test_real_dictionary_yields_enough_sentence_pairs():
+    import gzip
+
+    pairs = extract_pairs(gzip.open(SOURCE, "rt", encoding="utf-8").read().split("\n"))
+    assert len(set(pairs)) > 15000
+    assert all(de[-1] in ".?!" and en[-1] in ".?!" for de, en in pairs)
