@@ -42,8 +42,8 @@ def _continues(prev: str, line: str) -> bool:
     return not _SENT_END.search(prev.rstrip()) or not line[0].isupper()
 
 
-def extract_pairs(lines: list[str]) -> list[tuple[str, str]]:
-    """Parse the dictd text into (german, english) sentence pairs (before dedup)."""
+def dictionary_entries(lines: list[str]) -> list[tuple[str, str]]:
+    """Parse the dictd text into raw (german, english) entries, wrapped lines joined."""
     pairs = []
     i, n = 0, len(lines)
     while i < n:
@@ -69,8 +69,16 @@ def extract_pairs(lines: list[str]) -> list[tuple[str, str]]:
             i = k
         else:
             i = j
+    return pairs
+
+
+_PLACEHOLDERS = ("sth.", "sb.", "etw.", "jdm.", "jdn.", "jds.", "jd.")
+
+
+def extract_pairs(lines: list[str]) -> list[tuple[str, str]]:
+    """Example sentence pairs: both sides full sentences, first English alternative."""
     out = []
-    for german, english in pairs:
+    for german, english in dictionary_entries(lines):
         if not _SENT_END.search(german) or "/" in german or "/" in english:
             continue
         english = english.split(";")[0].split("|")[0].strip()
@@ -79,11 +87,27 @@ def extract_pairs(lines: list[str]) -> list[tuple[str, str]]:
             continue
         if not german[0].isupper() or not english[0].isupper():
             continue
-        if "sth." in english or "sb." in english or "etw." in german or "jdm." in german:
+        if any(p in english or p in german for p in _PLACEHOLDERS):
             continue
         if 3 <= len(german.split()) and 3 <= len(english.split()):
             out.append((german, english))
     return out
+
+
+def extract_lexicon(lines: list[str], max_words: int = 4) -> list[tuple[str, str]]:
+    """Word and phrase entries (not sentences): (headword, first English alternative), both
+    sides at most ``max_words`` words, no placeholders. Used as extra training data: the
+    ~15k sentences alone cannot teach the vocabulary the test sentences use."""
+    out = set()
+    for german, english in dictionary_entries(lines):
+        if _SENT_END.search(german) or "/" in german or "/" in english:
+            continue
+        german, english = _clean(german), _clean(english.split(";")[0].split("|")[0])
+        if not german or not english or any(p in english or p in german for p in _PLACEHOLDERS):
+            continue
+        if len(german.split()) <= max_words and len(english.split()) <= max_words:
+            out.add((german, english))
+    return sorted(out)
 
 
 def _split(pairs, seed: int, val_size: int, test_size: int):
@@ -118,10 +142,16 @@ class TranslationTask(Task):
         pairs = [p for p in extract_pairs(lines) if len(p[0].split()) <= params["max_words"]
                  and len(p[1].split()) <= params["max_words"]]
         split = _split(sorted(set(pairs)), params["seed"], params["val_size"], params["test_size"])
-        meta = {"pairs": {k: len(v) for k, v in split.items()}}
+        lexicon = extract_lexicon(lines)
+        lexicon = random.Random(params["seed"]).sample(lexicon, min(params["lexicon_pairs"], len(lexicon)))
+        meta = {"pairs": {k: len(v) for k, v in split.items()}, "lexicon_pairs": len(lexicon),
+                "sentence_repeat": params["sentence_repeat"]}
+        # Training rows: each example sentence repeated, plus the sampled dictionary phrases.
+        split["train"] = split["train"] * params["sentence_repeat"] + lexicon
         for side, idx in (("de", 0), ("en", 1)):
             text = out / f"train.{side}.txt"
-            text.write_text("\n".join(p[idx] for p in split["train"]) + "\n", encoding="utf-8")
+            rows = sorted({p[idx] for p in split["train"]})
+            text.write_text("\n".join(rows) + "\n", encoding="utf-8")
             spm.SentencePieceTrainer.train(
                 input=str(text), model_prefix=str(out / f"spm.{side}"),
                 vocab_size=params["vocab_size"], model_type="unigram", character_coverage=1.0,
