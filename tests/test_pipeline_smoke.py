@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def tiny_params(params: dict) -> dict:
     params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
-    params["tasks"]["translation_de_en"].update(vocab_size=400)
+    params["tasks"]["translation_de_en"].update(vocab_size=400, lexicon_pairs=2000)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}

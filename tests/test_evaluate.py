@@ -1,0 +1,34 @@
+"""Quality bars and the task report."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.evaluate import check_bar
+from pipeline.report import report
+
+
+def test_check_bar_all_conditions_must_hold():
+    bar = [{"metric": "bit_errors_20", "op": "<=", "value": 0.1}, {"metric": "bit_errors_40", "op": "<=", "value": 1}]
+    ok = check_bar({"bit_errors_20": 0.05, "bit_errors_40": 1.0}, bar)
+    assert ok["passed"] and [c["measured"] for c in ok["conditions"]] == [0.05, 1.0]
+    bad = check_bar({"bit_errors_20": 0.05, "bit_errors_40": 1.5}, bar)
+    assert not bad["passed"] and [c["passed"] for c in bad["conditions"]] == [True, False]
+    missing = check_bar({}, [{"metric": "bleu_beam", "op": ">=", "value": 12}])
+    assert not missing["passed"] and missing["conditions"][0]["measured"] is None
+    assert check_bar({"x": 1}, [])["passed"]
+
+
+def test_report_tables_and_plot(tmp_path):
+    rows = tmp_path / "results" / "t"
+    rows.mkdir(parents=True)
+    for name, values, passed in (("a", [20.0, 15.0], True), ("b", [18.0, 8.0], None)):
+        (rows / f"{name}.json").write_text(json.dumps({
+            "model": name, "arch": "bahdanau", "headline": {"bleu_beam": values[0]}, "parameters": 1234,
+            "train_seconds": 5.0, "bar_passed": passed,
+            "by_length": {"metric": "BLEU", "xlabel": "length", "labels": ["1-5", "6+"], "values": values}}))
+    text = report("t", root=tmp_path)
+    assert "| a | bahdanau | 20.0 | 1,234 | 5.0 | met |" in text
+    assert "| b | bahdanau | 18.0 | 1,234 | 5.0 | none set |" in text
+    assert "| b | 18.0 | 8.0 |" in text
+    assert (tmp_path / "reports" / "t_by_length.png").stat().st_size > 1000

@@ -1,0 +1,78 @@
+"""The shared training loop: it learns, checkpoints, and resumes exactly after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from pipeline.config import resolve
+from pipeline.prepare import prepare
+from pipeline.train import bucket_batches, train
+from tests.conftest import TINY
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
+                     "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
+    model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
+    params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
+        "max_steps": 8, "eval_every": 4, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path
+
+
+def test_bucket_batches_cover_every_item_once_and_group_lengths():
+    lengths = [i % 7 for i in range(100)]
+    batches = bucket_batches(lengths, 10, seed=0, shuffle=True)
+    assert sorted(i for b in batches for i in b) == list(range(100))
+    assert bucket_batches(lengths, 10, seed=0, shuffle=True) == batches
+    assert bucket_batches(lengths, 10, seed=1, shuffle=True) != batches
+    assert max(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) <= 1
+
+
+def test_training_lowers_validation_loss_and_keeps_best(root):
+    run = resolve("ntm", root=root)
+    seen = []
+    summary = train(run, root / "out", report=seen.append, progress=False)
+    assert [m["step"] for m in seen] == [4, 8]
+    assert summary["steps"] == 8 and summary["best_val_loss"] == min(m["val_loss"] for m in seen)
+    best = root / "out" / "checkpoint" / "best"
+    assert json.loads((best / "config.json").read_text())["model"]["memory_size"] == TINY["ntm"]["memory_size"]
+    first = resolve("ntm", root=root, overrides={"max_steps": 1, "eval_every": 1})
+    untrained = train(first, root / "one", progress=False)["best_val_loss"]
+    assert summary["best_val_loss"] < untrained
+
+
+def test_resume_after_kill_matches_uninterrupted_run(root):
+    run = resolve("ntm", root=root)
+    train(run, root / "full", progress=False)
+
+    def kill(metrics):
+        if metrics["step"] == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(run, root / "resumed", report=kill, progress=False)
+    trainer = torch.load(root / "resumed" / "checkpoint" / "last" / "trainer.pt", weights_only=False)
+    assert trainer["state"]["step"] == 4
+    summary = train(run, root / "resumed", progress=False)
+    assert summary["steps"] == 8
+    a = load_file(str(root / "full" / "checkpoint" / "last" / "model.safetensors"))
+    b = load_file(str(root / "resumed" / "checkpoint" / "last" / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+
+
+def test_changed_config_does_not_resume(root):
+    train(resolve("ntm", root=root), root / "o", progress=False)
+    other = resolve("ntm", root=root, overrides={"lr": 0.02})
+    seen = []
+    train(other, root / "o", report=seen.append, progress=False)
+    # started fresh (validated at 4 and 8) rather than reusing the other config's finished state
+    assert [m["step"] for m in seen] == [4, 8]
