@@ -92,9 +92,10 @@ def ntm_address(
     content = cosine_content_weights(memory, key, beta, eps)
     gated = gate * content + (1 - gate) * prev_weights
     shifted = circular_shift(gated, shift)
-    # eps inside the power: d(w^γ)/dγ = w^γ log w is NaN at w = 0 without it.
-    sharp = (shifted + eps) ** gamma
-    return sharp / (sharp.sum(dim=-1, keepdim=True) + eps)
+    # Sharpening w^γ / Σ w^γ computed as softmax(γ log w): a trained head has γ in the tens,
+    # where w^γ underflows to zero (and denormal handling differs between PyTorch and ONNX
+    # Runtime); in log space the softmax subtracts the maximum first. eps keeps log w finite.
+    return torch.softmax(gamma * torch.log(shifted + eps), dim=-1)
 
 
 def split_sizes(tensor: Tensor, sizes: list[int]) -> list[Tensor]:

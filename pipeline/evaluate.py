@@ -14,6 +14,7 @@ import time
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
+from pipeline.plots import by_length as plot_by_length
 from pipeline.config import RunConfig, resolve
 from pipeline.tasks import get_task
 
@@ -44,6 +45,9 @@ def evaluate(run: RunConfig) -> dict:
     metrics["train_seconds"] = summary.get("train_seconds")
     metrics["bar"] = check_bar(metrics, run.bar)
     (run.run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    spec = row["by_length"]
+    plot_by_length({run.name: spec["values"]}, spec["labels"], plots / "by_length.png", spec["xlabel"],
+                   spec["metric"], f"{run.name}: {spec['metric']} by {spec['xlabel']}")
     results = run.run_dir.parent.parent / "results" / run.task
     results.mkdir(parents=True, exist_ok=True)
     row.update(model=run.name, arch=run.arch, parameters=metrics["parameters"],

@@ -6,7 +6,10 @@ onnxruntime against PyTorch
      over a grid of batch sizes and sequence lengths (feeds recorded from the PyTorch run);
   2. end to end: the onnxruntime decoding loop (``serving.decode``) against ``model.predict``:
      integer outputs (tokens) must be identical, float outputs within tolerance.
-Tolerances (atol/rtol, per output if given) come from ``params.yaml`` ``models.<name>.parity``.
+Tolerances (atol/rtol, per output if given) come from ``params.yaml`` ``models.<name>.parity``;
+``parity.e2e`` may set looser atol/rtol for float outputs of the whole loop, where a recurrent
+model carries per-step float32 rounding through many steps. Integer outputs (tokens) and decisions
+(the sign of logits) must always match exactly.
 CPU execution provider always; CUDA too when a CUDA device is visible. Any mismatch writes
 ``parity.json`` and fails the stage.
 """
@@ -134,7 +137,7 @@ def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: d
         expected = {k: v.numpy() for k, v in model.predict(batch).items()}
         actual = run_loop(ort_graphs, np_batch, meta)
         for key in sorted(set(expected) & set(actual)):
-            case["e2e"][key] = compare(key, expected[key], actual[key], parity)
+            case["e2e"][key] = compare(key, expected[key], actual[key], {**parity, **parity.get("e2e", {})})
             if key == "logits":  # decisions (bits / argmax) must agree exactly
                 same = (expected[key] > 0) == (actual[key] > 0)
                 case["e2e"]["decisions"] = {"passed": bool(same.all()), "mismatches": int((~same).sum())}

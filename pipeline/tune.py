@@ -22,17 +22,20 @@ from pipeline.config import ROOT, UserError, load_params, resolve
 
 
 def search_space(spec: dict) -> dict:
-    """``{lr: {loguniform: [1e-4, 1e-2]}, dropout: {choice: [0.1, 0.3]}}`` -> Ray samplers."""
+    """``{lr: {loguniform: [1e-4, 1e-2]}, dropout: {grid: [0.1, 0.3]}}`` -> Ray samplers.
+
+    ``grid`` values are each tried (times ``num_samples``); the other kinds are sampled.
+    """
     from ray import tune
 
     kinds = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": tune.choice,
-             "randint": tune.randint, "qloguniform": tune.qloguniform}
+             "randint": tune.randint, "qloguniform": tune.qloguniform, "grid": tune.grid_search}
     space = {}
     for key, dist in spec.items():
         ((kind, args),) = dist.items()
         if kind not in kinds:
             raise UserError(f"search space '{key}': unknown distribution '{kind}' (use {sorted(kinds)})")
-        space[key] = kinds[kind](args) if kind == "choice" else kinds[kind](*args)
+        space[key] = kinds[kind](args) if kind in ("choice", "grid") else kinds[kind](*args)
     return space
 
 
