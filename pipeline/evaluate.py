@@ -14,8 +14,8 @@ import time
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
-from pipeline.plots import by_length as plot_by_length
 from pipeline.config import RunConfig, resolve
+from pipeline.plots import by_length as plot_by_length
 from pipeline.tasks import get_task
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
