@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
+import inspect
 import json
 import math
 import random
@@ -87,7 +89,16 @@ def has_accelerator() -> bool:
 
 
 def config_hash(run: RunConfig) -> str:
-    return hashlib.sha256(json.dumps(as_dict(run), sort_keys=True).encode()).hexdigest()[:16]
+    """Identity of a training run, checked before resuming: the resolved config, the model's
+    source code and the prepared data. A checkpoint of other code or data is never resumed."""
+    digest = hashlib.sha256(json.dumps(as_dict(run), sort_keys=True).encode())
+    model_module = importlib.import_module(models.REGISTRY[run.arch].model_cls.__module__)
+    for module in (model_module, importlib.import_module("models.layers")):
+        digest.update(inspect.getsource(module).encode())
+    manifest = run.data_dir / "manifest.json"
+    if manifest.exists():
+        digest.update(json.dumps(json.loads(manifest.read_text()).get("files", {}), sort_keys=True).encode())
+    return digest.hexdigest()[:16]
 
 
 @torch.no_grad()
