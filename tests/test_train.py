@@ -76,3 +76,14 @@ def test_changed_config_does_not_resume(root):
     train(other, root / "o", report=seen.append, progress=False)
     # started fresh (validated at 4 and 8) rather than reusing the other config's finished state
     assert [m["step"] for m in seen] == [4, 8]
+
+
+def test_changed_data_does_not_resume(root):
+    train(resolve("ntm", root=root), root / "d", progress=False)
+    manifest = root / "data" / "prepared" / "copy" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["files"]["train.pt"] = "0" * 64  # as if the training data had been regenerated
+    manifest.write_text(json.dumps(data))
+    seen = []
+    train(resolve("ntm", root=root), root / "d", report=seen.append, progress=False)
+    assert [m["step"] for m in seen] == [4, 8]
