@@ -83,6 +83,14 @@ class NTM(nn.Module):
             out += [torch.sigmoid(parts[5]), torch.tanh(parts[6])]
         return out
 
+    @staticmethod
+    def _address(memory: Tensor, prev: Tensor, *head: Tensor) -> Tensor:
+        """Addressing in float64. A trained head is very sharp (β in the hundreds, γ in the
+        tens), so float32 rounding inside cos/softmax/sharpening differs visibly between
+        PyTorch and ONNX Runtime kernels; in float64 both agree to float32 precision."""
+        weights = ntm_address(memory.double(), prev.double(), *(t.double() for t in head))
+        return weights.to(memory.dtype)
+
     def step(self, x: Tensor, state: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         """One time step. x [B,I]; state as :meth:`initial_state`. Returns logits [B,O], state."""
         h, c, memory, reads, read_w, write_w = state
@@ -92,12 +100,12 @@ class NTM(nn.Module):
         k, beta, g, s, gamma, erase, add = self._head_params(
             self.write_params(h), self.cfg.write_heads, 2
         )
-        write_w = ntm_address(memory, write_w, k, beta, g, s, gamma)  # [B,W,N]
+        write_w = self._address(memory, write_w, k, beta, g, s, gamma)  # [B,W,N]
         for i in range(self.cfg.write_heads):
             w = write_w[:, i].unsqueeze(-1)  # [B,N,1]
             memory = memory * (1 - w * erase[:, i].unsqueeze(1)) + w * add[:, i].unsqueeze(1)
         k, beta, g, s, gamma = self._head_params(self.read_params(h), self.cfg.read_heads, 0)
-        read_w = ntm_address(memory, read_w, k, beta, g, s, gamma)  # [B,R,N]
+        read_w = self._address(memory, read_w, k, beta, g, s, gamma)  # [B,R,N]
         reads = torch.bmm(read_w, memory)  # [B,R,N]x[B,N,M] -> [B,R,M]
         logits = self.output(torch.cat([h, reads.flatten(1)], dim=-1))  # [B,O]
         return logits, [h, c, memory, reads, read_w, write_w]
