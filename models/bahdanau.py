@@ -35,10 +35,7 @@ class BahdanauConfig:
     dec_hidden: int = 256
     attn_dim: int = 256
     maxout_dim: int = 256
-    dropout: float = 0.2  # embeddings, annotations, decoder state and deep output
-    # Probability of zeroing a whole token's embedding, source and target side: the word dropout
-    # that Sennrich & Zhang (2019) found to matter most when data is scarce.
-    word_dropout: float = 0.0
+    dropout: float = 0.2
     label_smoothing: float = 0.1
     attention: str = "additive"  # additive | none (RNNencdec ablation)
     max_len: int = 60  # decoding limit in target tokens
@@ -82,13 +79,6 @@ class Bahdanau(nn.Module):
         self.out_proj = nn.Linear(cfg.maxout_dim, cfg.tgt_vocab)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def token_dropout(self, emb: Tensor) -> Tensor:
-        """emb [..., E] -> emb with whole tokens zeroed at rate word_dropout (training only)."""
-        if not self.training or self.cfg.word_dropout == 0:
-            return emb
-        keep = torch.ones(emb.shape[:-1] + (1,), device=emb.device)  # [...,1]
-        return emb * F.dropout(keep, self.cfg.word_dropout, training=True)
-
     # ---- encoder ---------------------------------------------------------------------------
     def encode(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """src [B,S] int64, src_len [B] -> (memory [B,S',C], keys [B,S',A'], s0 [B,D], mask [B,S']).
@@ -98,11 +88,11 @@ class Bahdanau(nn.Module):
         """
         steps = torch.arange(src.shape[1], device=src.device).unsqueeze(0)  # [1,S]
         mask = (steps < src_len.unsqueeze(1)).float()  # [B,S]
-        emb = self.drop(self.token_dropout(self.src_embed(src)))  # [B,S,E]
+        emb = self.drop(self.src_embed(src))  # [B,S,E]
         fwd, _ = self.enc_fwd(emb)  # [B,S,H]
         bwd_rev, _ = self.enc_bwd(reverse_padded(emb, src_len))  # [B,S,H]
         bwd = reverse_padded(bwd_rev, src_len)  # [B,S,H], position j holds h←_j
-        annotations = self.drop(torch.cat([fwd, bwd], dim=-1))  # [B,S,C]
+        annotations = torch.cat([fwd, bwd], dim=-1)  # [B,S,C]
         s0 = torch.tanh(self.init_state(bwd[:, 0]))  # [B,D]
         if self.cfg.attention == "additive":
             return annotations, self.attention.project_keys(annotations), s0, mask
@@ -117,13 +107,13 @@ class Bahdanau(nn.Module):
         self, y_prev: Tensor, state: Tensor, memory: Tensor, keys: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """y_prev [B] int64, state [B,D] -> (logits [B,V], new state [B,D], alignment [B,S'])."""
-        emb = self.drop(self.token_dropout(self.tgt_embed(y_prev)))  # [B,E]
+        emb = self.drop(self.tgt_embed(y_prev))  # [B,E]
         if self.cfg.attention == "additive":
             context, align = self.attention(state, keys, memory, mask)  # [B,C], [B,S]
         else:
             context, align = memory[:, 0], mask  # [B,C], [B,1] of ones
         new_state = self.cell(torch.cat([emb, context], dim=-1), state)  # [B,D]
-        t = self.out_state(self.drop(new_state)) + self.out_embed(emb) + self.out_context(context)  # [B,2O]
+        t = self.out_state(new_state) + self.out_embed(emb) + self.out_context(context)  # [B,2O]
         t = t.view(t.shape[0], -1, 2).max(dim=-1).values  # [B,O,2] -> [B,O] maxout
         return self.out_proj(self.drop(t)), new_state, align
 
