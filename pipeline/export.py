@@ -65,6 +65,10 @@ def _name_dynamic_outputs(path: Path, dynamic_axes: dict[str, dict[int, str]]) -
     import onnx
 
     proto = onnx.load(str(path))
+    # The exporter also records every intermediate's example shape; ONNX Runtime merges those into
+    # the outputs' declared shapes (memory [batch, 5, C] again) and warns on every other length.
+    # Dropping them lets it infer from the inputs' symbolic axes; the computation is unchanged.
+    del proto.graph.value_info[:]
     for out in proto.graph.output:
         for axis, label in dynamic_axes.get(out.name, {}).items():
             dim = out.type.tensor_type.shape.dim[axis]

@@ -6,7 +6,7 @@ Layout (Triton-style: one folder per model, integer versions)::
         config.pbtxt                 # per-graph I/O, for Triton and for humans
         <version>/
             <graph>.onnx ...          # e.g. encoder.onnx + decoder_step.onnx
-            metadata.json             # config, loop kind, token ids, metrics, parity, lineage
+            metadata.json             # config, ``serving`` (loop, token ids, tokenizers), metrics, lineage
             <task artifacts>          # e.g. spm.de.model / spm.en.model tokenizers
 
 Lineage: git commit and the DVC hashes (``dvc.lock``) of the data, checkpoint and ONNX graphs.
@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from pipeline import tracking
+from pipeline.checkpoint import load_model
 from pipeline.config import ROOT, RunConfig, UserError, read_manifest, resolve
 from pipeline.graphs import loop_kind
 
@@ -61,11 +62,70 @@ def config_pbtxt(name: str, onnx_dir: Path, graphs: list[str]) -> str:
     return "\n".join(blocks) + "\n"
 
 
-def digest(folder: Path) -> str:
+def digest(folder: Path, serving: dict) -> str:
+    """Identity of a version: its graphs and how a server runs them (a changed decode limit or
+    tokenizer contract is a new version even when the graphs are the same)."""
     h = hashlib.sha256()
     for p in sorted(folder.glob("*.onnx")):
         h.update(p.read_bytes())
+    h.update(json.dumps(serving, sort_keys=True).encode())
     return h.hexdigest()
+
+
+# How a server turns a task's raw input into graph inputs and back. This belongs in the task
+# modules; it lives here until the next full re-run, because prepare@<task> depends on those files
+# and its manifest records its own run time, so touching them would retrain every model.
+TASK_SERVING = {
+    # Source ids are the German pieces followed by EOS, exactly as prepare@translation_de_en encodes them.
+    "translation_de_en": {"source_tokenizer": "spm.de.model", "target_tokenizer": "spm.en.model",
+                          "append_eos": True},
+    # A bit is 1 where its logit is positive (as NTM.predict); the heads' weightings, carried by
+    # the step graph as new_read_w / new_write_w, are returned over time as the attention.
+    "copy": {"bit_threshold": 0.0,
+             "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}},
+}
+
+
+def serving_meta(model, run: RunConfig) -> dict:
+    """Everything ``serving/`` needs to run the loop on raw input, so it never reads params or
+    checkpoints: loop kind, special ids and limits, attention outputs, the task's tokenizers."""
+    cfg = model.cfg.__dict__
+    graphs = model.export_graphs()
+    meta: dict = {"loop": loop_kind(graphs)}
+    if meta["loop"] == "seq2seq":
+        meta.update({k: cfg[k] for k in ("bos_id", "eos_id", "pad_id", "max_len")},
+                    beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
+    return {**meta, **TASK_SERVING.get(run.task, {})}
+
+
+def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,
+                  artifacts: list[Path]) -> tuple[dict, bool]:
+    """Write ``repo/<version>/`` atomically (a temp folder renamed into place).
+
+    Returns (metadata, created); an unchanged model returns the latest version's metadata.
+    """
+    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
+    repo.mkdir(parents=True, exist_ok=True)
+    versions = sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and p.name.isdigit())
+    graph_digest = digest(onnx_dir, serving)
+    if versions:
+        latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
+        if latest.get("graph_sha256") == graph_digest:
+            return latest, False
+    version = (versions[-1] + 1) if versions else 1
+    tmp = repo / f".{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for graph in graphs:
+        shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
+    for artifact in artifacts:
+        shutil.copy2(artifact, tmp / artifact.name)
+    meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
+            "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
+    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (repo / "config.pbtxt").write_text(config_pbtxt(name, onnx_dir, graphs))
+    tmp.rename(repo / str(version))
+    return meta, True
 
 
 def publish(run: RunConfig, root: Path = ROOT) -> dict:
@@ -74,39 +134,21 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     if not parity_path.exists() or not metrics_path.exists():
         raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
     parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
-    config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
-    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
-    repo = root / "model_repository" / run.name
-    repo.mkdir(parents=True, exist_ok=True)
-    versions = sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and p.name.isdigit())
-    graph_digest = digest(onnx_dir)
-    if versions:
-        latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
-        if latest.get("graph_sha256") == graph_digest:
-            return latest
-    version = (versions[-1] + 1) if versions else 1
-    tmp = repo / f".{version}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for graph in graphs:
-        shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
+    model, config = load_model(run.run_dir / "checkpoint" / "best")
     manifest = read_manifest(run.data_dir)
-    for artifact in manifest.get("artifacts", []):
-        shutil.copy2(run.data_dir / artifact, tmp / artifact)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
-    meta = {
-        "model": run.name, "arch": run.arch, "task": run.task, "version": version,
-        "loop": loop_kind(graphs), "graphs": graphs, "config": config["model"],
-        "artifacts": manifest.get("artifacts", []), "graph_sha256": graph_digest,
-        "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
-        "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,
-        "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name),
-    }
-    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
-    (repo / "config.pbtxt").write_text(config_pbtxt(run.name, onnx_dir, graphs))
-    tmp.rename(repo / str(version))
+    meta, created = write_version(
+        root / "model_repository" / run.name, run.name, onnx_dir, serving_meta(model, run),
+        {"arch": run.arch, "task": run.task, "config": config["model"],
+         "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
+         "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,
+         "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)},
+        [run.data_dir / a for a in manifest.get("artifacts", [])])
+    if not created:
+        return meta
+    version_dir = root / "model_repository" / run.name / str(meta["version"])
     with tracking.run(run.name, "publish", root=root) as mlflow:
-        mlflow.log_artifacts(str(repo / str(version)), "model")
+        mlflow.log_artifacts(str(version_dir), "model")
         source = mlflow.get_artifact_uri("model")
         client = mlflow.MlflowClient()
         try:
@@ -114,11 +156,12 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
         except Exception:
             client.create_registered_model(run.name, description=f"attnzoo {run.arch} on {run.task}")
         mv = client.create_model_version(run.name, source, run_id=mlflow.active_run().info.run_id,
-                                         tags={"repository_version": str(version), "git_commit": meta["git_commit"]})
+                                         tags={"repository_version": str(meta["version"]),
+                                               "git_commit": meta["git_commit"]})
         if promote:
             client.set_registered_model_alias(run.name, "production", mv.version)
         meta["mlflow_version"] = mv.version
-    (repo / str(version) / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
