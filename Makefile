@@ -14,4 +14,4 @@ test: setup          ## the test suite (pytest's "no tests collected" counts as 
 	  if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$status
 
 lint: setup
-	ruff check models pipeline serving tests
+	ruff check models pipeline serving tests scripts

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
+SERVING = {"serve": "serving.server", "predict": "serving.client"}  # no torch behind these
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -44,11 +45,13 @@ def run_cli(fn: Callable[[], Any]) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES:
-        print("usage: attnzoo {" + ",".join(STAGES) + "} ...\n"
-              "Each sub-command is one DVC stage; `attnzoo STAGE --help` for its options.")
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES + list(SERVING):
+        print("usage: attnzoo {" + ",".join(STAGES + list(SERVING)) + "} ...\n"
+              "Each stage sub-command is one DVC stage; `serve` starts the inference server, `predict`\n"
+              "asks it; `attnzoo COMMAND --help` for options.")
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    importlib.import_module(f"pipeline.{argv[0]}").main(argv[1:])
+    module = SERVING.get(argv[0], f"pipeline.{argv[0]}")
+    importlib.import_module(module).main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,1 +1,3 @@
-"""Serving: runs published ONNX graphs with onnxruntime (never torch)."""
+"""attnzoo serving: the published ONNX models behind the Open Inference Protocol; never imports torch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,162 @@
+"""Serving benchmark (not a test): requests/s and p50/p99 latency over loopback HTTP, and the same
+graph called in-process with ONNX Runtime vs PyTorch eager.
+
+    python scripts/bench_serving.py                       # starts `attnzoo serve` on model_repository
+    python scripts/bench_serving.py --url http://host:8000 --skip-inprocess
+
+Needs a published repository and, for the in-process PyTorch column, the checkpoints in runs/.
+Prints a Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCE = "Ich habe heute keine Zeit."
+
+
+def percentiles(lat: list[float]) -> tuple[float, float]:
+    return float(np.percentile(lat, 50) * 1000), float(np.percentile(lat, 99) * 1000)
+
+
+async def load(url: str, body: bytes, requests: int, concurrency: int) -> dict:
+    import aiohttp
+
+    lat: list[float] = []
+    errors = 0
+    queue: asyncio.Queue = asyncio.Queue()
+    for _ in range(requests):
+        queue.put_nowait(None)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"}) as session:
+
+        async def worker():
+            nonlocal errors
+            while not queue.empty():
+                queue.get_nowait()
+                t0 = time.perf_counter()
+                async with session.post(url, data=body) as resp:
+                    await resp.read()
+                    errors += resp.status != 200
+                lat.append(time.perf_counter() - t0)
+
+        for _ in range(min(20, requests)):  # warm-up
+            async with session.post(url, data=body) as resp:
+                await resp.read()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    p50, p99 = percentiles(lat)
+    return {"rps": requests / wall, "p50_ms": p50, "p99_ms": p99, "errors": errors}
+
+
+def bodies(repo: Path) -> dict[str, tuple[str, bytes]]:
+    """A realistic single request per benchmarked model (one row)."""
+    import sentencepiece as spm
+
+    version = max(int(p.name) for p in (repo / "bahdanau").iterdir() if p.name.isdigit())
+    sp = spm.SentencePieceProcessor(model_file=str(repo / "bahdanau" / str(version) / "spm.de.model"))
+    src = sp.encode(SENTENCE) + [2]
+    enc = {"inputs": [{"name": "src", "shape": [1, len(src)], "datatype": "INT64", "data": src},
+                      {"name": "src_len", "shape": [1], "datatype": "INT64", "data": [len(src)]}],
+           "outputs": [{"name": "state"}]}
+    text = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SENTENCE]}],
+            "parameters": {"decode": "greedy"}}
+    return {"bahdanau.encoder": ("encoder, 1 sentence (8 pieces) → decoder state", json.dumps(enc).encode()),
+            "bahdanau": ("whole model: German text → English, greedy loop", json.dumps(text).encode())}
+
+
+def inprocess(repo: Path, batch: int, iters: int) -> dict[str, dict]:
+    """The encoder graph called directly: ONNX Runtime session vs the PyTorch module it came from."""
+    import torch
+
+    from pipeline.checkpoint import load_model
+    from serving.runtime import OrtGraph
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    version = max(int(p.name) for p in (repo / "bahdanau").iterdir() if p.name.isdigit())
+    ort_graph = OrtGraph(repo / "bahdanau" / str(version) / "encoder.onnx", "cpu")
+    model, _ = load_model(ROOT / "runs" / "bahdanau" / "checkpoint" / "best")
+    module = model.export_graphs()["encoder"].module.eval()
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, 4000, (batch, 8)).astype(np.int64)  # [B,8]
+    src_len = np.full(batch, 8, dtype=np.int64)
+    out = {}
+    for name, call in (("ONNX Runtime", lambda: ort_graph({"src": src, "src_len": src_len})),
+                       ("PyTorch eager", lambda: module(torch.from_numpy(src), torch.from_numpy(src_len)))):
+        with torch.no_grad():
+            for _ in range(20):
+                call()
+            lat = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                call()
+                lat.append(time.perf_counter() - t0)
+        p50, p99 = percentiles(lat)
+        out[name] = {"rows_per_s": batch / np.mean(lat), "p50_ms": p50, "p99_ms": p99}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--skip-inprocess", action="store_true")
+    ap.add_argument("--server-args", default="", help="extra `attnzoo serve` options, e.g. '--batch-delay-ms 1'")
+    args = ap.parse_args()
+    proc = None
+    url = args.url
+    if url is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "serving.server", "--repository", str(args.repository), "--port", str(port),
+               "--workers", str(args.workers), *args.server_args.split()]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        from serving.client import Client
+
+        for _ in range(300):
+            if Client(url).ready():
+                break
+            time.sleep(0.1)
+    try:
+        rows = []
+        for model, (what, body) in bodies(args.repository).items():
+            n = args.requests if model != "bahdanau" else max(100, args.requests // 10)
+            for conc in (1, 32):
+                r = asyncio.run(load(f"{url}/v2/models/{model}/infer", body, n, conc))
+                rows.append(f"| `{model}` | {what} | {conc} | {r['rps']:.0f} | {r['p50_ms']:.1f} | "
+                            f"{r['p99_ms']:.1f} | {r['errors']} |")
+                print(rows[-1], flush=True)
+    finally:
+        if proc:
+            proc.terminate()
+            proc.wait(timeout=20)
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
+          f"server workers: {args.workers} {args.server_args}; load generator on the same machine\n")
+    print("| model | request | concurrency | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    if not args.skip_inprocess:
+        print("\n| encoder graph, in-process | batch | rows/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
+        for batch in (1, 32):
+            for name, r in inprocess(args.repository, batch, 2000 if batch == 1 else 300).items():
+                print(f"| {name} | {batch} | {r['rows_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

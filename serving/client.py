@@ -1,0 +1,160 @@
+"""A small Open Inference Protocol client (standard library only) and ``attnzoo predict``.
+
+    from serving.client import Client
+    c = Client("http://127.0.0.1:8000")
+    c.translate("bahdanau", ["Wo ist der Bahnhof?"])[0]["translation"]
+    c.infer("ntm", {"x": x})["bits"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving.protocol import DATATYPES
+
+NUMPY_TO_V2 = {np.dtype(v).str: k for k, v in DATATYPES.items() if k != "BYTES"}
+
+
+class ServerError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class Client:
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 60.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            text = err.read().decode(errors="replace")
+            try:
+                message = json.loads(text).get("error", text)
+            except (ValueError, AttributeError):
+                message = text
+            raise ServerError(err.code, message) from None
+        except urllib.error.URLError as err:
+            raise ServerError(0, f"cannot reach {self.url} ({err.reason}); is `attnzoo serve` running?") from None
+
+    def _model(self, name: str, version: str | int | None) -> str:
+        return f"/v2/models/{name}" + (f"/versions/{version}" if version is not None else "")
+
+    def server_metadata(self) -> dict:
+        return self.call("GET", "/v2")
+
+    def ready(self) -> bool:
+        try:
+            return bool(self.call("GET", "/v2/health/ready")["ready"])
+        except ServerError:
+            return False
+
+    def model_metadata(self, name: str, version: str | int | None = None) -> dict:
+        return self.call("GET", self._model(name, version))
+
+    def infer(self, name: str, inputs: dict[str, Any], version: str | int | None = None,
+              outputs: list[str] | None = None, parameters: dict | None = None,
+              request_id: str | None = None) -> dict[str, np.ndarray]:
+        """Named arrays (or lists of str for BYTES) in, named numpy arrays out."""
+        body: dict[str, Any] = {"inputs": [encode(n, v) for n, v in inputs.items()]}
+        if outputs:
+            body["outputs"] = [{"name": n} for n in outputs]
+        if parameters:
+            body["parameters"] = parameters
+        if request_id is not None:
+            body["id"] = request_id
+        resp = self.call("POST", self._model(name, version) + "/infer", body)
+        return {o["name"]: decode(o) for o in resp["outputs"]}
+
+    def translate(self, name: str, texts: list[str], decode_mode: str = "beam",
+                  version: str | int | None = None) -> list[dict]:
+        out = self.infer(name, {"text": list(texts)}, version, parameters={"decode": decode_mode})
+        results = []
+        for i, text in enumerate(out["translation"]):
+            tgt = [p for p in out["target_pieces"][i] if p]
+            src = [p for p in out["source_pieces"][i] if p]
+            results.append({"translation": str(text), "source_pieces": src, "target_pieces": tgt,
+                            "attention": out["attention"][i, : len(tgt), : len(src)]})
+        return results
+
+
+def encode(name: str, value: Any) -> dict:
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return {"name": name, "shape": [len(value)], "datatype": "BYTES", "data": list(value)}
+    array = np.asarray(value)
+    if array.dtype.kind in "OUS":
+        return {"name": name, "shape": list(array.shape), "datatype": "BYTES",
+                "data": [str(v) for v in array.reshape(-1)]}
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)  # the graphs take fp32; JSON numbers carry no width anyway
+    return {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[array.dtype.str],
+            "data": array.reshape(-1).tolist()}
+
+
+def decode(output: dict) -> np.ndarray:
+    dtype = DATATYPES[output["datatype"]]
+    return np.array(output["data"], dtype=dtype).reshape(output["shape"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Ask a running attnzoo server for a prediction.")
+    ap.add_argument("model")
+    ap.add_argument("input", help="text for a text model; otherwise JSON ({input name: nested list}) "
+                                  "or a path to a .json file holding it")
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--version", default=None)
+    ap.add_argument("--decode", choices=("beam", "greedy"), default="beam", help="text models: search")
+    ap.add_argument("--attention", action="store_true", help="also print the attention weights")
+    args = ap.parse_args(argv)
+    client = Client(args.url)
+    try:
+        meta = client.model_metadata(args.model, args.version)
+        if [i["datatype"] for i in meta["inputs"]] == ["BYTES"] and meta["inputs"][0]["name"] == "text":
+            (res,) = client.translate(args.model, [args.input], args.decode, args.version)
+            print(res["translation"])
+            if args.attention:
+                print_alignment(res)
+            return
+        try:
+            text = Path(args.input).read_text() if args.input.endswith(".json") else args.input
+            inputs = json.loads(text)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: INPUT must be JSON like '{{\"x\": [[...]]}}' or a .json file ({err})") from None
+        if not isinstance(inputs, dict):
+            raise SystemExit("error: INPUT must be a JSON object mapping input names to nested lists")
+        declared = {i["name"]: i["datatype"] for i in meta["inputs"]}
+        try:  # JSON has no tensor types: give each input the type the model declares
+            inputs = {k: np.asarray(v, dtype=DATATYPES[declared[k]]) if k in declared else v
+                      for k, v in inputs.items()}
+        except (TypeError, ValueError) as err:
+            raise SystemExit(f"error: INPUT does not fit the model's inputs {declared}: {err}") from None
+        outs = client.infer(args.model, inputs, args.version)
+        shown = outs if args.attention else {k: v for k, v in outs.items() if "weights" not in k}
+        print(json.dumps({k: v.tolist() for k, v in shown.items()}))
+    except ServerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def print_alignment(res: dict) -> None:
+    src = res["source_pieces"]
+    print(" " * 14 + " ".join(f"{p[:6]:>6}" for p in src))
+    for piece, row in zip(res["target_pieces"], res["attention"]):
+        print(f"{piece[:13]:>13} " + " ".join(f"{w:6.2f}" for w in row))
+
+
+if __name__ == "__main__":
+    main()

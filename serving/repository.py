@@ -1,0 +1,230 @@
+"""The published model repository as servable models (onnxruntime only, never torch).
+
+``model_repository/<model>/<version>/`` (written by ``pipeline/publish.py``) holds the graphs,
+tokenizers and ``metadata.json`` whose ``serving`` block says how to run them. Each version
+becomes up to three kinds of servable model:
+
+* ``<model>`` — the whole model on raw input, the loop run here (``serving/decode.py``):
+  translation takes ``text`` (BYTES) and returns the translation with its alignment; recurrent
+  models take ``x`` and return outputs with the heads' weightings over time.
+* ``<model>.<graph>`` — each exported graph on its own (e.g. ``bahdanau.encoder``), a plain
+  ONNX model whose requests the server may batch together.
+
+Model names are matched against what is on disk, never joined into paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from serving import decode
+from serving.protocol import ONNX_TYPES, RequestError, TensorSpec
+from serving.runtime import OrtGraph
+
+log = logging.getLogger("attnzoo.serving")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+MAX_TEXT_CHARS = 2000
+
+
+class ServedModel:
+    """A name, a version, declared tensors and ``infer(feeds, params) -> {name: (array, datatype)}``."""
+
+    platform = "onnxruntime_onnx"
+    batchable = False  # True: requests may be concatenated along axis 0 and split afterwards
+
+    def __init__(self, name: str, version: int, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+        self.name, self.version, self.inputs, self.outputs = name, version, inputs, outputs
+
+    def metadata(self, versions: list[int]) -> dict:
+        return {"name": self.name, "versions": [str(v) for v in versions], "platform": self.platform,
+                "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
+
+    def infer(self, feeds: dict[str, np.ndarray], params: dict) -> dict[str, tuple[np.ndarray, str]]:
+        raise NotImplementedError
+
+
+def _specs(items) -> list[TensorSpec]:
+    return [TensorSpec(i.name, ONNX_TYPES.get(i.type, i.type),
+                       tuple(d if isinstance(d, int) else -1 for d in i.shape)) for i in items]
+
+
+class GraphModel(ServedModel):
+    """One ONNX graph as it is. Batchable when every input and output has a free batch axis 0."""
+
+    def __init__(self, name: str, version: int, graph: OrtGraph):
+        sess = graph.session
+        super().__init__(name, version, _specs(sess.get_inputs()), _specs(sess.get_outputs()))
+        self.graph = graph
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs + self.outputs)
+
+    def infer(self, feeds, params):
+        outs = self.graph(feeds)
+        types = {s.name: s.datatype for s in self.outputs}
+        return {k: (v, types[k]) for k, v in outs.items()}
+
+
+class TranslationModel(ServedModel):
+    """encoder + decoder_step + SentencePiece tokenizers: text in, translation and alignment out."""
+
+    platform = "attnzoo_seq2seq"
+
+    def __init__(self, name: str, version: int, folder: Path, meta: dict, graphs: dict[str, OrtGraph]):
+        import sentencepiece as spm
+
+        super().__init__(name, version, [TensorSpec("text", "BYTES", (-1,))], [
+            TensorSpec("translation", "BYTES", (-1,)),
+            TensorSpec("attention", "FP32", (-1, -1, -1)),  # [N, target pieces (+EOS), source pieces]
+            TensorSpec("source_pieces", "BYTES", (-1, -1)),
+            TensorSpec("target_pieces", "BYTES", (-1, -1)),
+        ])
+        self.serving = meta["serving"]
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.src_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["source_tokenizer"]))
+        self.tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["target_tokenizer"]))
+
+    def encode(self, text: str) -> list[int]:
+        if len(text) > MAX_TEXT_CHARS:
+            raise RequestError(f"a text of {len(text)} characters is longer than the limit {MAX_TEXT_CHARS}")
+        ids = self.src_sp.encode(text)
+        return ids + [self.serving["eos_id"]] if self.serving.get("append_eos") else ids
+
+    def translate(self, texts: list[str], mode: str, beam: int) -> list[dict]:
+        """Each text -> {"tokens": target ids without EOS, "attention": [T(+1), S'], "src": ids}."""
+        s = self.serving
+        srcs = [self.encode(t) for t in texts]
+        if mode == "beam":
+            out = []
+            for src in srcs:
+                r = decode.beam_search(self.encoder, self.step, np.array([src], dtype=np.int64),
+                                       np.array([len(src)], dtype=np.int64), s["bos_id"], s["eos_id"],
+                                       s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0))
+                out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src})
+            return out
+        width = max(len(x) for x in srcs)
+        src = np.full((len(srcs), width), s["pad_id"], dtype=np.int64)  # [N,S] right-padded
+        for i, ids in enumerate(srcs):
+            src[i, : len(ids)] = ids
+        lens = np.array([len(x) for x in srcs], dtype=np.int64)
+        r = decode.greedy(self.encoder, self.step, src, lens, s["bos_id"], s["eos_id"], s["max_len"], s["pad_id"])
+        out = []
+        for i in range(len(srcs)):
+            n = int(r["lengths"][i])
+            rows = min(n + 1, r["attention"].shape[1])  # the emitted pieces and the EOS step
+            out.append({"tokens": r["tokens"][i, :n].tolist(), "attention": r["attention"][i, :rows], "src": srcs[i]})
+        return out
+
+    def infer(self, feeds, params):
+        mode = params.get("decode", "beam")
+        beam = params.get("beam", self.serving.get("beam", 5))
+        if mode not in ("beam", "greedy"):
+            raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
+        if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 32:
+            raise RequestError("parameter 'beam' must be an integer from 1 to 32")
+        texts = [str(t) for t in feeds["text"].reshape(-1)]
+        if not texts:
+            return {"translation": (np.array([], dtype=object), "BYTES"),
+                    "attention": (np.zeros((0, 0, 0), np.float32), "FP32"),
+                    "source_pieces": (np.zeros((0, 0), dtype=object), "BYTES"),
+                    "target_pieces": (np.zeros((0, 0), dtype=object), "BYTES")}
+        results = self.translate(texts, mode, beam)
+        rows = max(r["attention"].shape[0] for r in results)
+        cols = max(r["attention"].shape[1] for r in results)
+        attention = np.zeros((len(results), rows, cols), dtype=np.float32)  # zero-padded [N,T,S]
+        src_pieces = np.full((len(results), max(len(r["src"]) for r in results)), "", dtype=object)
+        tgt_pieces = np.full((len(results), rows), "", dtype=object)
+        for i, r in enumerate(results):
+            a = r["attention"]
+            attention[i, : a.shape[0], : a.shape[1]] = a
+            src_pieces[i, : len(r["src"])] = [self.src_sp.id_to_piece(t) for t in r["src"]]
+            pieces = [self.tgt_sp.id_to_piece(t) for t in r["tokens"]]
+            pieces += ["</s>"] * (a.shape[0] - len(pieces))  # the EOS step's row, when decoded
+            tgt_pieces[i, : len(pieces)] = pieces
+        translations = np.array([self.tgt_sp.decode(r["tokens"]) for r in results], dtype=object)
+        return {"translation": (translations, "BYTES"), "attention": (attention, "FP32"),
+                "source_pieces": (src_pieces, "BYTES"), "target_pieces": (tgt_pieces, "BYTES")}
+
+
+class RecurrentModel(ServedModel):
+    """init + step graphs unrolled over the input's time axis (e.g. the NTM)."""
+
+    platform = "attnzoo_recurrent"
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.init, self.step = graphs["init"], graphs["step"]
+        self.serving = meta["serving"]
+        x = _specs(self.init.session.get_inputs())[0]
+        step_out = {s.name: s for s in _specs(self.step.session.get_outputs())}
+        logits = step_out["logits"]
+        self.attention = self.serving.get("attention_outputs", {})  # served name -> step output
+        outputs = [TensorSpec("logits", "FP32", (-1, -1, *logits.shape[1:]))]
+        if "bit_threshold" in self.serving:
+            outputs.append(TensorSpec("bits", "UINT8", (-1, -1, *logits.shape[1:])))
+        outputs += [TensorSpec(k, "FP32", (-1, -1, *step_out[v].shape[1:])) for k, v in self.attention.items()]
+        super().__init__(name, version, [TensorSpec("x", "FP32", x.shape)], outputs)
+
+    def infer(self, feeds, params):
+        x = feeds["x"].astype(np.float32)
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise RequestError("input 'x' needs at least one sequence of at least one step")
+        r = decode.unroll(self.init, self.step, x, tuple(self.attention.values()))
+        out = {"logits": (r["logits"], "FP32")}
+        if "bit_threshold" in self.serving:
+            out["bits"] = ((r["logits"] > self.serving["bit_threshold"]).astype(np.uint8), "UINT8")
+        out.update({k: (r[v], "FP32") for k, v in self.attention.items()})
+        return out
+
+
+class Repository:
+    """Every version of every model under ``root``, loaded once at start-up."""
+
+    def __init__(self, root: Path | str, provider: str = "auto", threads: int = 0):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"no model repository at {self.root}: run `dvc repro` (publish) first")
+        self.models: dict[str, dict[int, ServedModel]] = {}
+        self.errors: dict[str, str] = {}
+        self.providers: set[str] = set()
+        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and NAME_RE.match(p.name)):
+            for version_dir in sorted((p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+                try:
+                    self._load(model_dir.name, int(version_dir.name), version_dir, provider, threads)
+                except Exception as err:  # one broken version must not take the others down
+                    self.errors[f"{model_dir.name}/{version_dir.name}"] = f"{type(err).__name__}: {err}"
+                    log.error("could not load %s version %s: %s", model_dir.name, version_dir.name, err)
+
+    def _add(self, model: ServedModel) -> None:
+        self.models.setdefault(model.name, {})[model.version] = model
+
+    def _load(self, name: str, version: int, folder: Path, provider: str, threads: int) -> None:
+        meta = json.loads((folder / "metadata.json").read_text())
+        graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
+        self.providers.update(g.provider for g in graphs.values())
+        loop = meta.get("serving", {}).get("loop")
+        if loop == "seq2seq" and "source_tokenizer" in meta["serving"]:
+            self._add(TranslationModel(name, version, folder, meta, graphs))
+        elif loop == "recurrent":
+            self._add(RecurrentModel(name, version, meta, graphs))
+        else:
+            log.warning("%s version %d has no serving loop in its metadata (published before serving "
+                        "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)
+        for graph_name, graph in graphs.items():
+            self._add(GraphModel(f"{name}.{graph_name}", version, graph))
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        versions = self.models.get(name)
+        if not versions:
+            raise RequestError(f"unknown model '{name}'; served: {sorted(self.models)}", status=404)
+        if version is None:
+            return versions[max(versions)]  # version policy: latest by default
+        if not version.isdigit() or int(version) not in versions:
+            raise RequestError(f"model '{name}' has no version '{version}'; versions: {sorted(versions)}",
+                               status=404)
+        return versions[int(version)]
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self.models.get(name, {}))

@@ -1,0 +1,348 @@
+"""Open Inference Protocol (KServe v2) REST server over the published model repository.
+
+``attnzoo serve --repository model_repository --port 8000`` (see ``--help``). ONNX Runtime only:
+CUDA execution provider when a GPU is visible, CPU otherwise; the choice is logged at start-up.
+Endpoints: ``GET /v2``, ``/v2/health/{live,ready}``, ``/v2/models/{name}[/versions/{v}][/ready]``,
+``POST /v2/models/{name}[/versions/{v}]/infer``, Prometheus ``/metrics``, ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from serving import __version__
+from serving.batching import DynamicBatcher
+from serving.protocol import RequestError, encode_output, parse_request
+from serving.repository import GraphModel, Repository, ServedModel
+
+log = logging.getLogger("attnzoo.serving")
+ENV_CONFIG = "ATTNZOO_SERVE_CONFIG"  # how `--workers N` hands the config to each worker process
+
+
+@dataclass
+class ServeConfig:
+    repository: str = "model_repository"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    provider: str = "auto"  # auto | cpu | cuda
+    ort_threads: int = 0  # ONNX Runtime intra-op threads per session (0: its default)
+    infer_threads: int = 2  # concurrent inference calls per worker process
+    max_batch: int = 64  # rows per dynamically batched call
+    # The longest a request waits for companions. 0: batch only what queued up while the previous
+    # call ran, which measured best on 2 cores (docs/benchmarks.md); raise it on big GPUs.
+    batch_delay_ms: float = 0.0
+    max_queue: int = 1024  # queued requests per batched model before HTTP 503
+    max_body_mb: float = 8.0
+    timeout_s: float = 30.0
+
+
+# ---- OpenAPI schema of the protocol (requests are parsed by serving.protocol) --------------------
+class TensorInput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any]
+
+
+class RequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferenceRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[TensorInput]
+    outputs: list[RequestedOutput] | None = None
+
+
+class TensorOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    data: list[Any]
+
+
+class InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[TensorOutput]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+          503: {"model": ErrorResponse}, 504: {"model": ErrorResponse}}
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class BodyLimit:
+    """ASGI middleware: reject bodies over ``limit`` bytes with 413 before the app reads them."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_big = error(413, f"request body larger than {self.limit} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_big(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await too_big(scope, receive, send)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
+    cfg = cfg or ServeConfig()
+    repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads)
+    log.info("serving %d model(s) from %s with %s", len(repo.models), cfg.repository,
+             ", ".join(sorted(repo.providers)) or "no execution provider (empty repository)")
+    for key, why in repo.errors.items():
+        log.error("not served: %s (%s)", key, why)
+    executor = ThreadPoolExecutor(cfg.infer_threads, thread_name_prefix="infer")
+    registry = CollectorRegistry()
+    requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
+                       registry=registry)
+    latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model"], registry=registry,
+                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+    batch_rows = Histogram("attnzoo_batch_rows", "Rows per dynamically batched ONNX Runtime call", ["model"],
+                           registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    batchers: dict[tuple[str, int], DynamicBatcher] = {}
+
+    app = FastAPI(title="attnzoo inference server", version=__version__,
+                  description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
+    app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20))
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_, err: RequestError):
+        return error(err.status, str(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error(400, f"invalid request: {first.get('msg', 'malformed body')}" + (f" at {where}" if where else ""))
+
+    @app.exception_handler(HTTPException)
+    async def _http(_, err: HTTPException):
+        return error(err.status_code, str(err.detail))
+
+    @app.get("/v2", response_model=ServerMetadata)
+    async def server_metadata():
+        return {"name": "attnzoo", "version": __version__, "extensions": []}
+
+    @app.get("/v2/health/live", response_model=Live)
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready", response_model=Ready, responses={503: {"model": Ready}})
+    async def ready():
+        ok = bool(repo.models) and not repo.errors
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    def metadata(name: str, version: str | None):
+        return repo.get(name, version).metadata(repo.versions(name))
+
+    def model_ready(name: str, version: str | None):
+        repo.get(name, version)
+        return {"name": name, "ready": True}
+
+    async def infer(name: str, version: str | None, request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        try:
+            model = repo.get(name, version)
+            try:  # parsed and checked here, not by pydantic: one pass over possibly large data
+                body = orjson.loads(await request.body())
+            except orjson.JSONDecodeError as err:
+                raise RequestError(f"invalid request: the body is not valid JSON ({err})") from None
+            feeds, wanted, params = parse_request(body, model.inputs, model.outputs)
+            request_id = body.get("id")
+            if request_id is not None and not isinstance(request_id, str):
+                raise RequestError("'id' must be a string")
+            outs = await asyncio.wait_for(run_model(model, feeds, params), cfg.timeout_s)
+            status = 200
+            response = {"model_name": model.name, "model_version": str(model.version),
+                        "outputs": [encode_output(n, *outs[n]) for n in wanted]}
+            if request_id is not None:
+                response["id"] = request_id
+            return Response(orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY),
+                            media_type="application/json")
+        except RequestError as err:
+            status = err.status
+            raise
+        except TimeoutError:
+            status = 504
+            raise RequestError(f"inference took longer than {cfg.timeout_s} s", status=504) from None
+        finally:
+            requests.labels(name, str(status)).inc()
+            latency.labels(name).observe(time.perf_counter() - started)
+
+    async def run_model(model: ServedModel, feeds: dict, params: dict) -> dict:
+        try:
+            if isinstance(model, GraphModel) and model.batchable:
+                if len({a.shape[0] for a in feeds.values()}) != 1:
+                    raise RequestError("all inputs must have the same size on axis 0 (the batch)")
+                key = (model.name, model.version)
+                if key not in batchers:
+                    batchers[key] = DynamicBatcher(model.infer, executor, cfg.max_batch, cfg.batch_delay_ms / 1000,
+                                                   cfg.max_queue, batch_rows.labels(model.name).observe)
+                return await batchers[key].infer(feeds)
+            return await asyncio.get_running_loop().run_in_executor(executor, model.infer, feeds, params)
+        except RequestError:
+            raise
+        except Exception as err:  # ONNX Runtime rejects what the declared shapes cannot (e.g. ids out of range)
+            log.warning("%s rejected a request: %s", model.name, err)
+            raise RequestError(f"the model could not run on this input: {str(err).splitlines()[0][:300]}") from None
+
+    @app.get("/v2/models/{name}", response_model=ModelMetadata, responses=ERRORS)
+    async def model_metadata(name: str):
+        return metadata(name, None)
+
+    @app.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+    async def model_version_metadata(name: str, version: str):
+        return metadata(name, version)
+
+    @app.get("/v2/models/{name}/ready", response_model=ModelReady, responses=ERRORS)
+    async def ready_model(name: str):
+        return model_ready(name, None)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready", response_model=ModelReady, responses=ERRORS)
+    async def ready_model_version(name: str, version: str):
+        return model_ready(name, version)
+
+    body_doc = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/InferenceRequest"}}}}}
+
+    @app.post("/v2/models/{name}/infer", response_model=InferenceResponse, responses=ERRORS, openapi_extra=body_doc)
+    async def infer_latest(name: str, request: Request):
+        return await infer(name, None, request)
+
+    @app.post("/v2/models/{name}/versions/{version}/infer", response_model=InferenceResponse, responses=ERRORS,
+              openapi_extra=body_doc)
+    async def infer_version(name: str, version: str, request: Request):
+        return await infer(name, version, request)
+
+    def openapi() -> dict:
+        """FastAPI's document plus the request schema, which it cannot see (the body is read raw)."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            components.update(schema.pop("$defs", {}))
+            components["InferenceRequest"] = schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for ``--workers N``: each worker process builds its own app and sessions."""
+    return create_app(ServeConfig(**json.loads(os.environ.get(ENV_CONFIG, "{}"))))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    defaults = ServeConfig()
+    ap = argparse.ArgumentParser(description="Serve the published models over the Open Inference Protocol.")
+    for key, value in asdict(defaults).items():
+        ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value,
+                        choices=("auto", "cpu", "cuda") if key == "provider" else None)
+    cfg = ServeConfig(**vars(ap.parse_args(argv)))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if cfg.workers == 1:
+            app = create_app(cfg)
+        else:
+            os.environ[ENV_CONFIG] = json.dumps(asdict(cfg))
+            Repository(cfg.repository, "cpu")  # fail here, once, on a missing repository
+            app = "serving.server:app_from_env"
+    except (FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None
+    uvicorn.run(app, host=cfg.host, port=cfg.port, workers=cfg.workers, factory=cfg.workers > 1,
+                log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""The real server on loopback over a tiny published repository: every endpoint over HTTP, answers
+checked against the Open Inference Protocol and against PyTorch on the same inputs, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import models
+from pipeline.export import export_onnx
+from pipeline.graphs import TorchGraph
+from pipeline.publish import serving_meta, write_version
+from pipeline.tasks.copy import CopyTask
+from serving.client import Client, ServerError
+from serving.decode import beam_search
+from tests.conftest import ROOT, TINY
+
+GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
+          "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
+ENGLISH = ["Where is the station?", "I have no time.", "The weather is nice today.", "He comes tomorrow.",
+           "We are going home.", "She reads a book.", "The dog is sleeping.", "Can you help me?"]
+TEXTS = ["Wo ist der Hund?", "Ich habe heute keine Zeit.", "Das Buch ist schön."]
+
+
+def _tokenizer(path: Path, lines: list[str]) -> None:
+    import sentencepiece as spm
+
+    corpus = path.with_suffix(".txt")
+    corpus.write_text("\n".join(lines * 4) + "\n")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(path.with_suffix("")), vocab_size=48,
+                                   model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1, eos_id=2,
+                                   unk_id=3, hard_vocab_limit=False, minloglevel=2)
+
+
+def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, artifacts: list[Path]) -> dict:
+    onnx_dir = tmp / f"{name}-{len(list(tmp.iterdir()))}"
+    export_onnx(model, onnx_dir)
+    run = SimpleNamespace(task=task, evaluate={"beam": 3})
+    meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model, run),
+                                  {"arch": arch, "task": task}, artifacts)
+    assert created
+    return meta
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """model_repository with bahdanau (v1) and ntm (v1, v2: different weights), tiny and seeded."""
+    tmp = tmp_path_factory.mktemp("publish")
+    repo, work = tmp / "model_repository", tmp / "work"
+    work.mkdir()
+    _tokenizer(work / "spm.de.model", GERMAN)
+    _tokenizer(work / "spm.en.model", ENGLISH)
+    import sentencepiece as spm
+
+    sizes = {s: spm.SentencePieceProcessor(model_file=str(work / f"spm.{s}.model")).get_piece_size()
+             for s in ("de", "en")}
+    torch.manual_seed(0)
+    seq = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
+    _publish(repo, "bahdanau", "bahdanau", "translation_de_en", seq, work,
+             [work / "spm.de.model", work / "spm.en.model"])
+    ntms = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        ntms.append(models.build("ntm", TINY["ntm"]).eval())
+        _publish(repo, "ntm", "ntm", "copy", ntms[-1], work, [])
+    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], work=work)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        h.update(str(p.relative_to(folder)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def server(published):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
+                             "--port", str(port), "--batch-delay-ms", "20", "--max-body-mb", "0.05"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = Client(f"http://127.0.0.1:{port}", timeout=30)
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited:\n{proc.stdout.read()}")
+        if client.ready():
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("server did not become ready in 30 s")
+    before = _tree_digest(published.repo)
+    yield SimpleNamespace(client=client, url=client.url, proc=proc, published=published)
+    proc.terminate()
+    log = proc.communicate(timeout=20)[0]
+    assert _tree_digest(published.repo) == before, "serving changed files in the repository"
+    assert "Traceback" not in log, log[-3000:]
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=body, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+# ---- protocol endpoints ---------------------------------------------------------------------------
+def test_health_and_server_metadata(server):
+    assert raw(server.url, "GET", "/v2/health/live") == (200, {"live": True})
+    assert raw(server.url, "GET", "/v2/health/ready") == (200, {"ready": True})
+    status, meta = raw(server.url, "GET", "/v2")
+    assert status == 200 and meta["name"] == "attnzoo" and meta["version"] == "0.1.0"
+
+
+def test_model_metadata_versions_and_readiness(server):
+    status, meta = raw(server.url, "GET", "/v2/models/ntm")
+    assert status == 200 and meta["versions"] == ["1", "2"] and meta["platform"] == "attnzoo_recurrent"
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, -1, 5]}]
+    assert [o["name"] for o in meta["outputs"]] == ["logits", "bits", "read_weights", "write_weights"]
+    assert raw(server.url, "GET", "/v2/models/ntm/versions/1")[1]["inputs"] == meta["inputs"]
+    assert raw(server.url, "GET", "/v2/models/ntm/ready") == (200, {"name": "ntm", "ready": True})
+    assert raw(server.url, "GET", "/v2/models/ntm/versions/2/ready")[0] == 200
+    status, meta = raw(server.url, "GET", "/v2/models/bahdanau")
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert [o["name"] for o in meta["outputs"]] == ["translation", "attention", "source_pieces", "target_pieces"]
+    status, meta = raw(server.url, "GET", "/v2/models/bahdanau.encoder")
+    assert status == 200 and meta["platform"] == "onnxruntime_onnx"
+    assert {i["name"]: i["datatype"] for i in meta["inputs"]} == {"src": "INT64", "src_len": "INT64"}
+
+
+def _sp(server, side):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(server.published.work / f"spm.{side}.model"))
+
+
+def test_translation_matches_pytorch_greedy_and_beam(server):
+    model, de, en = server.published.seq, _sp(server, "de"), _sp(server, "en")
+    srcs = [de.encode(t) + [2] for t in TEXTS]
+    width = max(map(len, srcs))
+    batch = {"src": torch.tensor([s + [0] * (width - len(s)) for s in srcs]),  # [N,S] right-padded
+             "src_len": torch.tensor([len(s) for s in srcs])}
+    expected = model.predict(batch)  # PyTorch eager greedy decoding
+    got = server.client.translate("bahdanau", TEXTS, "greedy")
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    for i, res in enumerate(got):
+        tokens = expected["tokens"][i, : expected["lengths"][i]].tolist()
+        assert res["translation"] == en.decode(tokens)
+        assert res["source_pieces"] == [de.id_to_piece(t) for t in srcs[i]]
+        assert res["target_pieces"][: len(tokens)] == [en.id_to_piece(t) for t in tokens]
+        ref = expected["attention"][i, : len(res["target_pieces"]), : len(srcs[i])].numpy()
+        np.testing.assert_allclose(res["attention"], ref, atol=1e-5)
+        np.testing.assert_allclose(res["attention"].sum(-1), 1.0, atol=1e-5)
+    for text, res in zip(TEXTS, server.client.translate("bahdanau", TEXTS, "beam")):
+        src = np.array([de.encode(text) + [2]], dtype=np.int64)
+        ref = beam_search(enc, step, src, np.array([src.shape[1]]), 1, 2, TINY["bahdanau"]["max_len"], beam=3)
+        assert res["translation"] == en.decode(ref["tokens"].tolist())
+        np.testing.assert_allclose(res["attention"], ref["attention"], atol=1e-5)
+
+
+def test_ntm_matches_pytorch_on_every_version(server):
+    seqs = [np.random.default_rng(s).integers(0, 2, (n, 4)).astype(np.uint8) for s, n in ((0, 3), (1, 6))]
+    batch = CopyTask().collate([torch.from_numpy(s) for s in seqs])
+    v1, v2 = server.published.ntm_v1, server.published.ntm_v2
+    for version, model in (("1", v1), ("2", v2), (None, v2)):  # None: the latest
+        expected = model.predict(batch)
+        got = server.client.infer("ntm", {"x": batch["x"].numpy()}, version=version, request_id="req-7")
+        assert np.array_equal(got["bits"], expected["bits"].numpy().astype(np.uint8))
+        np.testing.assert_allclose(got["logits"], expected["logits"].numpy(), atol=1e-4, rtol=1e-3)
+        np.testing.assert_allclose(got["read_weights"], expected["read_weights"].numpy(), atol=1e-4)
+        np.testing.assert_allclose(got["write_weights"], expected["write_weights"].numpy(), atol=1e-4)
+    assert not np.allclose(server.published.ntm_v1.predict(batch)["logits"], expected["logits"])
+
+
+def test_infer_response_follows_the_spec(server):
+    x = np.zeros((1, 2, 5), np.float32)
+    body = {"id": "abc", "inputs": [{"name": "x", "shape": [1, 2, 5], "datatype": "FP32", "data": x.tolist()}],
+            "outputs": [{"name": "bits"}]}
+    status, resp = raw(server.url, "POST", "/v2/models/ntm/versions/1/infer", json.dumps(body).encode())
+    assert status == 200 and resp["id"] == "abc" and resp["model_name"] == "ntm" and resp["model_version"] == "1"
+    assert [o["name"] for o in resp["outputs"]] == ["bits"]
+    out = resp["outputs"][0]
+    assert out["datatype"] == "UINT8" and out["shape"] == [1, 2, 4] and len(out["data"]) == 8  # flat, row-major
+    body["inputs"][0]["data"] = x.reshape(-1).tolist()  # flat data is equally valid
+    assert raw(server.url, "POST", "/v2/models/ntm/versions/1/infer", json.dumps(body).encode())[1] == resp
+
+
+def test_concurrent_requests_are_batched_and_split_back_correctly(server):
+    rng = np.random.default_rng(0)
+    feeds = [rng.random((1, 5), dtype=np.float32) for _ in range(32)]
+    state_names = [i["name"] for i in raw(server.url, "GET", "/v2/models/ntm.step")[1]["inputs"]][1:]
+    meta = {i["name"]: i["shape"] for i in raw(server.url, "GET", "/v2/models/ntm.step")[1]["inputs"]}
+    state = {n: np.full([1] + meta[n][1:], 0.1, np.float32) for n in state_names}
+
+    def call(x):
+        return server.client.infer("ntm.step", {"x": x, **state})["logits"]
+
+    alone = [call(x) for x in feeds[:4]]
+    with ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(call, feeds))
+    for a, b in zip(alone, together[:4]):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    count = float(next(line.split()[-1] for line in metrics.splitlines()
+                       if line.startswith('attnzoo_batch_rows_count{model="ntm.step"}')))
+    rows = float(next(line.split()[-1] for line in metrics.splitlines()
+                      if line.startswith('attnzoo_batch_rows_sum{model="ntm.step"}')))
+    assert rows == 36 and count < 36  # 36 requests of one row, fewer ONNX Runtime calls
+    assert 'attnzoo_requests_total{model="ntm.step",status="200"} 36.0' in metrics
+
+
+# ---- bad input: 4xx with a clear error, the server stays up -----------------------------------
+def _x(shape=(1, 2, 5), datatype="FP32", data=None, name="x"):
+    return {"inputs": [{"name": name, "shape": list(shape), "datatype": datatype,
+                        "data": data if data is not None else [0.0] * int(np.prod(shape))}]}
+
+
+BAD = [
+    ("POST", "/v2/models/nope/infer", _x(), 404, "unknown model 'nope'"),
+    ("POST", "/v2/models/ntm/versions/9/infer", _x(), 404, "no version '9'"),
+    ("GET", "/v2/models/ntm/versions/x", None, 404, "no version 'x'"),
+    ("POST", "/v2/models/ntm/infer", _x(shape=(1, 2, 6)), 400, "must have shape [-1, -1, 5]"),
+    ("POST", "/v2/models/ntm/infer", _x(datatype="INT64", data=[0] * 10), 400, "must be FP32"),
+    ("POST", "/v2/models/ntm/infer", _x(data=["a"] * 10), 400, "must be numbers"),
+    ("POST", "/v2/models/ntm/infer", _x(data=[0.0] * 9), 400, "needs 10 values, got 9"),
+    ("POST", "/v2/models/ntm/infer", _x(datatype="FP99"), 400, "unknown datatype"),
+    ("POST", "/v2/models/ntm/infer", _x(name="y"), 400, "unknown input 'y'"),
+    ("POST", "/v2/models/ntm/infer", {"inputs": []}, 400, "non-empty"),
+    ("POST", "/v2/models/ntm/infer", {**_x(), "outputs": [{"name": "zzz"}]}, 400, "unknown output"),
+    ("POST", "/v2/models/ntm/infer", _x(shape=(1, 0, 5)), 400, "at least one"),
+    ("POST", "/v2/models/bahdanau/infer", {**_x(shape=(1,), datatype="BYTES", data=["Hallo"], name="text"),
+                                           "parameters": {"decode": "sideways"}}, 400, "'decode'"),
+    ("POST", "/v2/models/bahdanau.encoder/infer",
+     {"inputs": [{"name": "src", "shape": [1, 2], "datatype": "INT64", "data": [5, 99999]},
+                 {"name": "src_len", "shape": [1], "datatype": "INT64", "data": [2]}]}, 400, "could not run"),
+    ("POST", "/v2/models/bahdanau.encoder/infer",
+     {"inputs": [{"name": "src", "shape": [2, 1], "datatype": "INT64", "data": [5, 6]},
+                 {"name": "src_len", "shape": [1], "datatype": "INT64", "data": [1]}]}, 400, "same size on axis 0"),
+    ("POST", "/v2/models/..%2F..%2Fetc/infer", _x(), 404, "Not Found"),
+    ("POST", "/v2/models/../infer", _x(), 404, ""),
+    ("GET", "/v2/models/ntm/infer", None, 405, "Method Not Allowed"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,status,message", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_4xx_and_a_clear_error(server, method, path, body, status, message):
+    got, resp = raw(server.url, method, path, None if body is None else json.dumps(body).encode())
+    assert got == status and set(resp) == {"error"} and message in resp["error"], (got, resp)
+
+
+@pytest.mark.parametrize("body,message", [
+    (b"{not json", "invalid request"), (b"[1, 2]", "JSON object"), (b"", "invalid request"),
+    (json.dumps(_x(shape=(1, 4000, 5))).encode(), "larger than"),
+])
+def test_malformed_and_oversized_bodies(server, body, message):
+    got, resp = raw(server.url, "POST", "/v2/models/ntm/infer", body)
+    assert got in (400, 413) and message in resp["error"], resp
+    assert server.client.ready()
+
+
+def test_client_and_predict_cli_report_errors_in_one_line(server):
+    with pytest.raises(ServerError, match="unknown model"):
+        server.client.infer("nope", {"x": np.zeros((1, 1, 5), np.float32)})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "pipeline.cli", "predict", "--url", server.url]
+    out = subprocess.run(cli + ["bahdanau", TEXTS[0], "--decode", "greedy"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == server.client.translate("bahdanau", TEXTS[:1], "greedy")[0][
+        "translation"]
+    out = subprocess.run(cli + ["ntm", json.dumps({"x": [[[0, 1, 0, 1, 0]]]})], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and np.array(json.loads(out.stdout)["bits"]).shape == (1, 1, 4)
+    out = subprocess.run(cli + ["ntm", "{oops"], capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and "INPUT must be JSON" in out.stderr and "Traceback" not in out.stderr
+    down = [sys.executable, "-m", "pipeline.cli", "predict", "--url", "http://127.0.0.1:9", "ntm", "{}"]
+    out = subprocess.run(down, capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_openapi_describes_the_endpoints(server):
+    doc = json.loads(urllib.request.urlopen(server.url + "/openapi.json", timeout=10).read())
+    paths = doc["paths"]
+    for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
+                 "/v2/models/{name}/versions/{version}", "/v2/models/{name}/ready",
+                 "/v2/models/{name}/versions/{version}/ready", "/v2/models/{name}/infer",
+                 "/v2/models/{name}/versions/{version}/infer"):
+        assert path in paths, path
+    infer = paths["/v2/models/{name}/infer"]["post"]
+    assert infer["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/InferenceRequest")
+    assert infer["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert set(doc["components"]["schemas"]["TensorInput"]["required"]) == {"name", "shape", "datatype", "data"}
+
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=5))
+DATA = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4), max_leaves=30)
+TENSOR = st.fixed_dictionaries({
+    "name": st.sampled_from(["x", "text", "src", "src_len", "h", ""]),
+    "shape": st.one_of(st.lists(st.integers(0, 6), max_size=4), DATA),
+    "datatype": st.sampled_from(["FP32", "INT64", "BYTES", "BOOL", "UINT8", "FP16", "fp32", "INT4"]),
+    "data": DATA,
+})
+BODY = st.one_of(DATA, st.fixed_dictionaries(
+    {"inputs": st.one_of(st.lists(TENSOR, max_size=3), DATA)},
+    optional={"id": st.one_of(st.text(max_size=8), st.integers()), "outputs": st.one_of(DATA, st.lists(
+        st.fixed_dictionaries({"name": st.sampled_from(["logits", "bits", "attention", "q"])}), max_size=2)),
+        "parameters": st.one_of(DATA, st.fixed_dictionaries({"decode": st.sampled_from(["greedy", "beam", 3]),
+                                                              "beam": st.integers(-2, 40)}))}))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "nope"]), body=BODY)
+def test_fuzzed_requests_never_break_the_server(server, model, body):
+    status, resp = raw(server.url, "POST", f"/v2/models/{model}/infer", json.dumps(body).encode())
+    assert status in (200, 400, 404, 413), (status, resp)
+    assert ("outputs" in resp) if status == 200 else (set(resp) == {"error"} and resp["error"])
+
+
+def test_serving_never_imports_torch():
+    code = ("import sys, serving.server, serving.client, serving.repository, serving.decode, serving.batching; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
