@@ -1,0 +1,109 @@
+"""The served default models vs PyTorch on real test data (needs `dvc repro` outputs).
+
+    python scripts/serving_parity.py --sentences 200
+
+Starts `attnzoo serve` on model_repository/, sends raw German test sentences (the server tokenizes)
+and copy-task sequences, and compares with the checkpoints in runs/ run by PyTorch: greedy
+(`model.predict`) and beam search translations, NTM bits and logits. Exits 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline.checkpoint import load_model  # noqa: E402
+from pipeline.config import resolve  # noqa: E402
+from pipeline.graphs import TorchGraph  # noqa: E402
+from pipeline.tasks.copy import CopyTask  # noqa: E402
+from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
+from serving.client import Client  # noqa: E402
+from serving.decode import beam_search  # noqa: E402
+
+
+def translation(client: Client, name: str, n: int) -> bool:
+    import sentencepiece as spm
+
+    run = resolve(name)
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    task = TranslationTask()
+    items = task.load(run.data_dir, "test")[:n]
+    en = spm.SentencePieceProcessor(model_file=str(run.data_dir / "spm.en.model"))
+    texts = [it["src_text"] for it in items]
+    served = []
+    for start in range(0, n, 16):
+        served += client.translate(name, texts[start : start + 16], "greedy")
+    greedy_same = 0
+    for start in range(0, n, 16):
+        chunk = items[start : start + 16]
+        out = model.predict(task.collate(chunk))
+        for row, res in enumerate(served[start : start + 16]):
+            greedy_same += res["translation"] == en.decode(out["tokens"][row, : out["lengths"][row]].tolist())
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    beam = run.evaluate.get("beam", 5)
+    beam_same, worst = 0, 0.0
+    for it in items:
+        (res,) = client.translate(name, [it["src_text"]], "beam")
+        src = np.array([it["src"]], dtype=np.int64)
+        ref = beam_search(enc, step, src, np.array([src.shape[1]]), model.cfg.bos_id, model.cfg.eos_id,
+                          model.cfg.max_len, beam=beam)
+        same = res["translation"] == en.decode(ref["tokens"].tolist())
+        beam_same += same
+        if same:
+            worst = max(worst, float(np.abs(res["attention"] - ref["attention"][:, : res["attention"].shape[1]]).max()))
+    print(f"{name}: greedy identical {greedy_same}/{n}, beam {beam} identical {beam_same}/{n}, "
+          f"largest alignment difference {worst:.2e}")
+    return greedy_same == n and beam_same == n
+
+
+def ntm(client: Client, n: int) -> bool:
+    run = resolve("ntm")
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    ok = True
+    for length in (20, 40):
+        batch = CopyTask().collate(CopyTask().load(run.data_dir, f"test_{length}")[:n])
+        with torch.no_grad():
+            ref = model.predict(batch)
+        got = client.infer("ntm", {"x": batch["x"].numpy()})
+        bits = np.array_equal(got["bits"], ref["bits"].numpy().astype(np.uint8))
+        diff = float(np.abs(got["logits"] - ref["logits"].numpy()).max())
+        print(f"ntm length {length} × {n}: bits identical {bits}, largest logit difference {diff:.2e}")
+        ok &= bits
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sentences", type=int, default=200)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = Client(f"http://127.0.0.1:{port}", timeout=120)
+    try:
+        for _ in range(300):
+            if client.ready():
+                break
+            time.sleep(0.1)
+        ok = all([translation(client, m, args.sentences) for m in ("bahdanau", "bahdanau_none")] + [ntm(client, 32)])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
