@@ -3,15 +3,17 @@
 Layout (Triton-style: one folder per model, integer versions)::
 
     model_repository/<model>/
-        config.pbtxt                 # per-graph I/O, for Triton and for humans
+        config.pbtxt                 # Triton config (python backend) + per-graph I/O as comments
         <version>/
             <graph>.onnx ...          # e.g. encoder.onnx + decoder_step.onnx
+            model.py, serving/        # Triton python-backend entry and the serving modules it runs
             metadata.json             # config, ``serving`` (loop, token ids, tokenizers), metrics, lineage
             <task artifacts>          # e.g. spm.de.model / spm.en.model tokenizers
 
 Lineage: git commit and the DVC hashes (``dvc.lock``) of the data, checkpoint and ONNX graphs.
 The MLflow version gets alias ``production`` only if parity passed and the quality bar was met.
-A new version is written only when the graphs changed; re-publishing identical graphs is a no-op.
+A new version is written only when the graphs, the serving block or the bundled serving code changed;
+re-publishing an unchanged model is a no-op.
 """
 
 from __future__ import annotations
@@ -47,28 +49,50 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
     return out
 
 
-def config_pbtxt(name: str, onnx_dir: Path, graphs: list[str]) -> str:
+# serving/ modules bundled into each version for Triton's python backend (model.py imports them).
+SERVING_DIR = ROOT / "serving"
+BUNDLE = ["__init__.py", "decode.py", "protocol.py", "repository.py", "runtime.py"]
+TRITON_TYPES = {"BYTES": "TYPE_STRING"}  # every other v2 datatype X is TYPE_X
+
+
+def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> str:
+    """Triton model configuration: the whole model as a python-backend model over the versions
+    that bundle ``model.py``; each graph's own I/O follows as comments, for humans."""
     import onnxruntime as ort
 
-    blocks = [f'name: "{name}"', "# One block per exported graph; serving/ runs the loop between them."]
+    from serving.repository import load_version
+
+    versions = sorted(int(p.name) for p in repo.iterdir() if p.name.isdigit() and (p / "model.py").exists())
+    lines = [f'name: "{name}"']
+    if versions:
+        whole, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
+        lines += ['backend: "python"', "max_batch_size: 0",
+                  f"version_policy: {{ specific: {{ versions: [ {', '.join(map(str, versions))} ] }} }}"]
+        for kind, specs in (("input", whole.inputs), ("output", whole.outputs)):
+            entries = [f'  {{ name: "{s.name}" data_type: {TRITON_TYPES.get(s.datatype, "TYPE_" + s.datatype)} '
+                       f'dims: [ {", ".join(map(str, s.shape))} ] }}' for s in specs]
+            lines.append(f"{kind} [\n" + ",\n".join(entries) + "\n]")
+    lines.append("# Exported graphs (the loop between them runs in serving/ or model.py):")
     for graph in graphs:
         sess = ort.InferenceSession(str(onnx_dir / f"{graph}.onnx"), providers=["CPUExecutionProvider"])
-        blocks.append(f'# graph "{graph}"')
+        lines.append(f'# graph "{graph}"')
         for kind, items in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
             for io in items:
                 dims = ", ".join("-1" if not isinstance(d, int) else str(d) for d in io.shape)
                 dtype = DTYPES.get(io.type, io.type)
-                blocks.append(f'# {kind} {{ name: "{io.name}" data_type: {dtype} dims: [ {dims} ] }}')
-    return "\n".join(blocks) + "\n"
+                lines.append(f'# {kind} {{ name: "{io.name}" data_type: {dtype} dims: [ {dims} ] }}')
+    return "\n".join(lines) + "\n"
 
 
 def digest(folder: Path, serving: dict) -> str:
-    """Identity of a version: its graphs and how a server runs them (a changed decode limit or
-    tokenizer contract is a new version even when the graphs are the same)."""
+    """Identity of a version: its graphs, how a server runs them and the bundled serving code (a
+    changed decode limit, tokenizer contract or loop is a new version even for the same graphs)."""
     h = hashlib.sha256()
     for p in sorted(folder.glob("*.onnx")):
         h.update(p.read_bytes())
     h.update(json.dumps(serving, sort_keys=True).encode())
+    for f in ["triton_model.py"] + BUNDLE:
+        h.update((SERVING_DIR / f).read_bytes())
     return h.hexdigest()
 
 
@@ -120,11 +144,16 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
         shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
     for artifact in artifacts:
         shutil.copy2(artifact, tmp / artifact.name)
+    if serving.get("loop") in ("seq2seq", "recurrent"):  # Triton python backend: model.py + its modules
+        shutil.copy2(SERVING_DIR / "triton_model.py", tmp / "model.py")
+        (tmp / "serving").mkdir()
+        for f in BUNDLE:
+            shutil.copy2(SERVING_DIR / f, tmp / "serving" / f)
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
             "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
-    (repo / "config.pbtxt").write_text(config_pbtxt(name, onnx_dir, graphs))
     tmp.rename(repo / str(version))
+    (repo / "config.pbtxt").write_text(config_pbtxt(name, repo, onnx_dir, graphs))
     return meta, True
 
 

@@ -179,6 +179,19 @@ class RecurrentModel(ServedModel):
         return out
 
 
+def load_version(name: str, version: int, folder: Path, provider: str = "auto", threads: int = 0
+                 ) -> tuple[ServedModel | None, dict[str, OrtGraph]]:
+    """One published version folder -> (the whole model on raw input, or None; its graphs)."""
+    meta = json.loads((Path(folder) / "metadata.json").read_text())
+    graphs = {g: OrtGraph(Path(folder) / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
+    loop = meta.get("serving", {}).get("loop")
+    if loop == "seq2seq" and "source_tokenizer" in meta["serving"]:
+        return TranslationModel(name, version, Path(folder), meta, graphs), graphs
+    if loop == "recurrent":
+        return RecurrentModel(name, version, meta, graphs), graphs
+    return None, graphs
+
+
 class Repository:
     """Every version of every model under ``root``, loaded once at start-up."""
 
@@ -201,14 +214,10 @@ class Repository:
         self.models.setdefault(model.name, {})[model.version] = model
 
     def _load(self, name: str, version: int, folder: Path, provider: str, threads: int) -> None:
-        meta = json.loads((folder / "metadata.json").read_text())
-        graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
+        whole, graphs = load_version(name, version, folder, provider, threads)
         self.providers.update(g.provider for g in graphs.values())
-        loop = meta.get("serving", {}).get("loop")
-        if loop == "seq2seq" and "source_tokenizer" in meta["serving"]:
-            self._add(TranslationModel(name, version, folder, meta, graphs))
-        elif loop == "recurrent":
-            self._add(RecurrentModel(name, version, meta, graphs))
+        if whole is not None:
+            self._add(whole)
         else:
             log.warning("%s version %d has no serving loop in its metadata (published before serving "
                         "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)

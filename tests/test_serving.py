@@ -345,3 +345,83 @@ def test_serving_never_imports_torch():
     code = ("import sys, serving.server, serving.client, serving.repository, serving.decode, serving.batching; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+# ---- the same repository under NVIDIA Triton (python backend) --------------------------------------
+def _triton_model_config(path: Path):
+    """Parse config.pbtxt with Triton's own ModelConfig schema (shipped in tritonclient)."""
+    import importlib.util
+
+    import tritonclient
+    from google.protobuf import text_format
+
+    spec = importlib.util.spec_from_file_location(
+        "model_config_pb2", Path(tritonclient.__file__).parent / "grpc" / "model_config_pb2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not via tritonclient.grpc, which needs grpcio
+    return text_format.Parse(path.read_text(), module.ModelConfig())
+
+
+def test_triton_configs_follow_tritons_schema_and_the_servers_metadata(server):
+    for name, versions in (("bahdanau", [1]), ("ntm", [1, 2])):
+        cfg = _triton_model_config(server.published.repo / name / "config.pbtxt")
+        meta = raw(server.url, "GET", f"/v2/models/{name}")[1]
+        assert cfg.name == name and cfg.backend == "python" and cfg.max_batch_size == 0
+        assert list(cfg.version_policy.specific.versions) == versions
+        v2 = {"TYPE_STRING": "BYTES"}
+        for declared, served in ((cfg.input, meta["inputs"]), (cfg.output, meta["outputs"])):
+            got = [{"name": t.name, "datatype": v2.get(n, n[5:]), "shape": list(t.dims)}
+                   for t in declared for n in [module_type_name(t)]]
+            assert got == served
+
+
+def module_type_name(tensor) -> str:
+    return type(tensor).DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[tensor.data_type].name
+
+
+TRITON_DRIVER = r"""
+import json, sys, importlib.util
+import numpy as np
+import triton_python_backend_utils as pb
+folder, name, version = sys.argv[1:4]
+feeds, params = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+spec = importlib.util.spec_from_file_location("model", f"{folder}/{version}/model.py")
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+model = module.TritonPythonModel()
+model.initialize({"model_repository": folder, "model_version": version, "model_name": name,
+                  "model_instance_kind": "CPU", "model_config": "{}"})
+inputs = [pb.Tensor(k, np.array([s.encode() for s in v], dtype=object) if isinstance(v[0], str)
+                    else np.array(v, dtype=np.float32)) for k, v in feeds.items()]
+(resp,) = model.execute([pb.InferenceRequest(inputs, params)])
+if resp.has_error():
+    print(json.dumps({"error": resp.error().message()}))
+else:
+    out = {t.name(): [x.decode() for x in t.as_numpy().reshape(-1)] if t.as_numpy().dtype == object
+           else t.as_numpy().tolist() for t in resp.output_tensors()}
+    out["torch_loaded"] = "torch" in sys.modules
+    out["serving_from"] = sys.modules["serving"].__file__
+    print(json.dumps(out))
+"""
+
+
+def _triton(server, name: str, version: str, feeds: dict, params: dict) -> dict:
+    # A fresh process whose only path is the stub: model.py must run from what publish bundled.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "triton_stub")}
+    out = subprocess.run([sys.executable, "-c", TRITON_DRIVER, str(server.published.repo / name), name, version,
+                          json.dumps(feeds), json.dumps(params)], capture_output=True, text=True, env=env,
+                         cwd=server.published.work)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_triton_python_backend_gives_the_servers_answers(server):
+    got = _triton(server, "bahdanau", "1", {"text": TEXTS}, {"decode": "beam"})
+    assert got["translation"] == [r["translation"] for r in server.client.translate("bahdanau", TEXTS, "beam")]
+    assert not got["torch_loaded"] and got["serving_from"].startswith(str(server.published.repo / "bahdanau" / "1"))
+    x = np.random.default_rng(3).integers(0, 2, (2, 4, 5)).astype(np.float32)
+    got = _triton(server, "ntm", "1", {"x": x.tolist()}, {})
+    served = server.client.infer("ntm", {"x": x}, version=1)
+    assert got["bits"] == served["bits"].tolist()
+    np.testing.assert_allclose(got["read_weights"], served["read_weights"], atol=1e-6)
+    assert "'decode'" in _triton(server, "bahdanau", "1", {"text": TEXTS}, {"decode": "sideways"})["error"]
