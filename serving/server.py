@@ -316,8 +316,12 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     return app
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def app_from_env() -> FastAPI:
     """uvicorn factory for ``--workers N``: each worker process builds its own app and sessions."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # a fresh process: configure its logging too
     return create_app(ServeConfig(**json.loads(os.environ.get(ENV_CONFIG, "{}"))))
 
 
@@ -330,13 +334,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value,
                         choices=("auto", "cpu", "cuda") if key == "provider" else None)
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         if cfg.workers == 1:
             app = create_app(cfg)
         else:
             os.environ[ENV_CONFIG] = json.dumps(asdict(cfg))
-            Repository(cfg.repository, "cpu")  # fail here, once, on a missing repository
+            if not os.path.isdir(cfg.repository):  # fail here, once, rather than in every worker
+                raise FileNotFoundError(f"no model repository at {cfg.repository}: run `dvc repro` (publish) first")
             app = "serving.server:app_from_env"
     except (FileNotFoundError, RuntimeError) as err:
         raise SystemExit(f"error: {err}") from None
