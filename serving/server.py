@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -311,6 +312,12 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # --workers N: add up every worker's counts
+            from prometheus_client import multiprocess
+
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)
+            return Response(generate_latest(merged), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
@@ -340,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
             app = create_app(cfg)
         else:
             os.environ[ENV_CONFIG] = json.dumps(asdict(cfg))
+            # Workers write their metrics to files here (set before they import prometheus_client),
+            # so whichever worker answers /metrics reports the whole server.
+            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="attnzoo-metrics-"))
             if not os.path.isdir(cfg.repository):  # fail here, once, rather than in every worker
                 raise FileNotFoundError(f"no model repository at {cfg.repository}: run `dvc repro` (publish) first")
             app = "serving.server:app_from_env"

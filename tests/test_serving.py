@@ -425,3 +425,29 @@ def test_triton_python_backend_gives_the_servers_answers(server):
     assert got["bits"] == served["bits"].tolist()
     np.testing.assert_allclose(got["read_weights"], served["read_weights"], atol=1e-6)
     assert "'decode'" in _triton(server, "bahdanau", "1", {"text": TEXTS}, {"decode": "sideways"})["error"]
+
+
+def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
+    port, log_path = _free_port(), tmp_path / "server.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
+                                 "--port", str(port), "--workers", "2"], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log_file, stderr=subprocess.STDOUT)
+    client = Client(f"http://127.0.0.1:{port}", timeout=30)
+    try:
+        for _ in range(600):  # both workers up, each with its own ONNX Runtime sessions
+            if log_path.read_text().count("serving 6 model(s)") == 2 and client.ready() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        x = np.zeros((1, 2, 5), np.float32)
+        first = client.infer("ntm", {"x": x})["logits"]
+        for _ in range(11):
+            np.testing.assert_array_equal(client.infer("ntm", {"x": x})["logits"], first)
+        for _ in range(4):  # whichever worker answers counts both workers' requests
+            metrics = urllib.request.urlopen(client.url + "/metrics", timeout=10).read().decode()
+            assert 'attnzoo_requests_total{model="ntm",status="200"} 12.0' in metrics
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    log = log_path.read_text()
+    assert log.count("serving 6 model(s)") == 2 and "Traceback" not in log, log[-3000:]
