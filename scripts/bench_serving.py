@@ -130,10 +130,8 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         from serving.client import Client
 
-        for _ in range(300):
-            if Client(url).ready():
-                break
-            time.sleep(0.1)
+        if not Client(url).wait_ready(30, alive=lambda: proc.poll() is None):
+            raise SystemExit(f"error: the server on {url} did not become ready in 30 s")
     try:
         rows = []
         for model, (what, body) in bodies(args.repository).items():

@@ -13,7 +13,6 @@ import argparse
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -94,10 +93,8 @@ def main() -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = Client(f"http://127.0.0.1:{port}", timeout=120)
     try:
-        for _ in range(300):
-            if client.ready():
-                break
-            time.sleep(0.1)
+        if not client.wait_ready(30, alive=lambda: proc.poll() is None):
+            raise SystemExit("error: the server did not become ready in 30 s")
         ok = all([translation(client, m, args.sentences) for m in ("bahdanau", "bahdanau_none")] + [ntm(client, 32)])
     finally:
         proc.terminate()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -61,6 +62,15 @@ class Client:
             return bool(self.call("GET", "/v2/health/ready")["ready"])
         except ServerError:
             return False
+
+    def wait_ready(self, timeout_s: float = 30.0, alive=lambda: True) -> bool:
+        """Poll readiness until ready (True), ``timeout_s`` passes or ``alive()`` turns false."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and alive():
+            if self.ready():
+                return True
+            time.sleep(0.1)
+        return False
 
     def model_metadata(self, name: str, version: str | int | None = None) -> dict:
         return self.call("GET", self._model(name, version))

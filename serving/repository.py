@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 MAX_TEXT_CHARS = 2000
 
 
-class ServedModel:
+class ServedModel(ABC):
     """A name, a version, declared tensors and ``infer(feeds, params) -> {name: (array, datatype)}``."""
 
     platform = "onnxruntime_onnx"
@@ -44,8 +45,9 @@ class ServedModel:
         return {"name": self.name, "versions": [str(v) for v in versions], "platform": self.platform,
                 "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
 
+    @abstractmethod
     def infer(self, feeds: dict[str, np.ndarray], params: dict) -> dict[str, tuple[np.ndarray, str]]:
-        raise NotImplementedError
+        """Run on validated inputs; raise RequestError for input the model cannot take."""
 
 
 def _specs(items) -> list[TensorSpec]:

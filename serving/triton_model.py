@@ -41,18 +41,21 @@ class TritonPythonModel:
                         raise RequestError(f"missing input '{spec.name}'")
                     array = tensor.as_numpy()
                     if spec.datatype == "BYTES":  # Triton hands strings over as bytes
-                        array = np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else str(b),
-                                             otypes=[object])(array)
+                        array = _map(array, lambda b: b.decode() if isinstance(b, bytes) else str(b))
                     feeds[spec.name] = array.astype(DATATYPES[spec.datatype], copy=False)
                 params = json.loads(request.parameters() or "{}")
                 outs = self.model.infer(feeds, params)
                 tensors = []
                 for name, (array, datatype) in outs.items():
                     if datatype == "BYTES":
-                        array = np.vectorize(lambda s: str(s).encode(), otypes=[object])(array) if array.size \
-                            else array.astype(object)
+                        array = _map(array, lambda v: str(v).encode())
                     tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(array)))
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             except (RequestError, ValueError) as err:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(err))))
         return responses
+
+
+def _map(array: np.ndarray, fn) -> np.ndarray:
+    """Apply ``fn`` to every element into an object array of the same shape (empty arrays too)."""
+    return np.array([fn(v) for v in array.reshape(-1)], dtype=object).reshape(array.shape)
