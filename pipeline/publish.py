@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
+import models
 from pipeline import tracking
-from pipeline.checkpoint import load_model
 from pipeline.config import ROOT, RunConfig, UserError, read_manifest, resolve
 from pipeline.graphs import loop_kind
 
@@ -110,14 +110,15 @@ TASK_SERVING = {
 }
 
 
-def serving_meta(model, run: RunConfig) -> dict:
+def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     """Everything ``serving/`` needs to run the loop on raw input, so it never reads params or
-    checkpoints: loop kind, special ids and limits, attention outputs, the task's tokenizers."""
-    cfg = model.cfg.__dict__
-    graphs = model.export_graphs()
+    checkpoints: loop kind, special ids and limits, attention outputs, the task's tokenizers.
+
+    ``cfg`` is the model's typed config, ``graphs`` the exported graph names.
+    """
     meta: dict = {"loop": loop_kind(graphs)}
     if meta["loop"] == "seq2seq":
-        meta.update({k: cfg[k] for k in ("bos_id", "eos_id", "pad_id", "max_len")},
+        meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
     return {**meta, **TASK_SERVING.get(run.task, {})}
 
@@ -163,11 +164,13 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     if not parity_path.exists() or not metrics_path.exists():
         raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
     parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
-    model, config = load_model(run.run_dir / "checkpoint" / "best")
+    config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
+    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
     meta, created = write_version(
-        root / "model_repository" / run.name, run.name, onnx_dir, serving_meta(model, run),
+        root / "model_repository" / run.name, run.name, onnx_dir,
+        serving_meta(models.make_config(config["arch"], config["model"]), graphs, run),
         {"arch": run.arch, "task": run.task, "config": config["model"],
          "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
          "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,

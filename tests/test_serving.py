@@ -51,7 +51,8 @@ def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, arti
     onnx_dir = tmp / f"{name}-{len(list(tmp.iterdir()))}"
     export_onnx(model, onnx_dir)
     run = SimpleNamespace(task=task, evaluate={"beam": 3})
-    meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model, run),
+    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
+    meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
                                   {"arch": arch, "task": task}, artifacts)
     assert created
     return meta
@@ -104,13 +105,9 @@ def server(published):
                              "--port", str(port), "--batch-delay-ms", "20", "--max-body-mb", "0.05"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
-    for _ in range(300):
+    if not client.wait_ready(30, alive=lambda: proc.poll() is None):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited:\n{proc.stdout.read()}")
-        if client.ready():
-            break
-        time.sleep(0.1)
-    else:
         proc.kill()
         raise RuntimeError("server did not become ready in 30 s")
     before = _tree_digest(published.repo)
