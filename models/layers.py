@@ -33,6 +33,16 @@ class AdditiveAttention(nn.Module):
         """keys [B,S,K] -> U h [B,S,A]."""
         return self.key(keys)
 
+    def score(self, query: Tensor, projected_keys: Tensor, mask: Tensor) -> Tensor:
+        """Masked energies e [B,S] (masked positions NEG_INF), before the softmax.
+
+        Pointer networks (Vinyals et al. 2015, eq. 3) use these directly as the output
+        distribution's logits, so a log-softmax keeps their full precision.
+        """
+        energy = torch.tanh(self.query(query).unsqueeze(1) + projected_keys)  # [B,S,A]
+        scores = self.v(energy).squeeze(-1)  # [B,S,1] -> [B,S]
+        return scores.masked_fill(mask <= 0, NEG_INF)
+
     def forward(
         self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -40,10 +50,7 @@ class AdditiveAttention(nn.Module):
 
         Returns: context [B,K], weights [B,S].
         """
-        energy = torch.tanh(self.query(query).unsqueeze(1) + projected_keys)  # [B,S,A]
-        scores = self.v(energy).squeeze(-1)  # [B,S,1] -> [B,S]
-        scores = scores.masked_fill(mask <= 0, NEG_INF)
-        weights = torch.softmax(scores, dim=-1)  # [B,S]
+        weights = torch.softmax(self.score(query, projected_keys, mask), dim=-1)  # [B,S]
         context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # [B,1,K] -> [B,K]
         return context, weights
 
@@ -106,3 +113,29 @@ def split_sizes(tensor: Tensor, sizes: list[int]) -> list[Tensor]:
 def positive(x: Tensor) -> Tensor:
     """Softplus, the usual map to strictly positive head parameters (β, γ - 1)."""
     return F.softplus(x)
+
+
+def act_halting(halt: Tensor, eps: float, force_last: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Adaptive Computation Time halting distribution (Graves 2016, eqs. 5-7 and 11).
+
+    N = min{n : Σ_{m≤n} h_m ≥ 1 - ε}; p_n = h_n for n < N, p_N = R = 1 - Σ_{n<N} h_n, 0 after N.
+    Computed with masks over all steps given, so a fixed-length unroll (ONNX) and a loop that
+    stops once every row has halted give the same result.
+
+    Args: halt [B,S] halting-unit outputs h_n in (0,1) for the S steps run; ``force_last``: the
+        last step is the step limit, so every row still running halts there.
+    Returns: p [B,S] (rows sum to 1 for rows that halted), steps N [B] (float), remainder R [B].
+    """
+    cum = torch.cumsum(halt, dim=-1)  # [B,S]
+    reached = cum >= 1 - eps
+    if force_last:
+        last = torch.zeros_like(reached)
+        last[:, -1] = True
+        reached = reached | last
+    reached_f = reached.to(halt.dtype)
+    # Steps 1..N: no earlier step reached the threshold.
+    active = (torch.cumsum(reached_f, dim=-1) - reached_f) == 0  # [B,S]
+    final = active & reached  # one-hot at N for halted rows
+    remainder = ((1 - (cum - halt)) * final).sum(-1)  # [B]: 1 - Σ_{n<N} h_n
+    p = torch.where(final, 1 - (cum - halt), torch.where(active, halt, torch.zeros_like(halt)))
+    return p, active.to(halt.dtype).sum(-1), remainder

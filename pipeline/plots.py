@@ -53,3 +53,21 @@ def memory_trace(inputs: np.ndarray, target: np.ndarray, output: np.ndarray, wri
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def hull(points: np.ndarray, target: list[int], pred: list[int], path: Path, title: str) -> None:
+    """Convex hull example: the points, the true hull and the predicted pointer sequence."""
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.scatter(points[:, 0], points[:, 1], c="k", s=14)
+    for i, (x, y) in enumerate(points):
+        ax.annotate(str(i + 1), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for seq, style, label in ((target, "-", "true hull"), (pred, "--", "predicted")):
+        if seq:
+            ring = points[seq + seq[:1]]
+            ax.plot(ring[:, 0], ring[:, 1], style, lw=1.5, label=label)
+    ax.set_aspect("equal")
+    ax.legend(fontsize=8)
+    ax.set_title(title + (" (exact)" if pred == target else " (wrong)"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -35,8 +35,10 @@ def prepare(task_name: str, params: dict, out: Path) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    manifest = {"task": task_name, "params": params, **facts, "files": checksums(tmp),
-                "seconds": round(time.time() - started, 1)}
+    # No run time in the manifest: it must be a function of the data alone, or re-running an
+    # unchanged prepare would change its output's hash and retrain every model downstream.
+    manifest = {"task": task_name, "params": params, **facts, "files": checksums(tmp)}
+    print(f"prepared {task_name} in {time.time() - started:.1f} s")
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
