@@ -64,6 +64,15 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> st
 
     versions = sorted(int(p.name) for p in repo.iterdir() if p.name.isdigit() and (p / "model.py").exists())
     lines = [f'name: "{name}"']
+    if graphs == ["model"]:  # one graph: Triton's own ONNX Runtime backend serves it as it is
+        lines += ['platform: "onnxruntime_onnx"', "max_batch_size: 0"]
+        sess = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+        for kind, items in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
+            entries = [f'  {{ name: "{io.name}" data_type: {DTYPES.get(io.type, io.type)} dims: '
+                       f'[ {", ".join("-1" if not isinstance(d, int) else str(d) for d in io.shape)} ] }}'
+                       for io in items]
+            lines.append(f"{kind} [\n" + ",\n".join(entries) + "\n]")
+        return "\n".join(lines) + "\n"
     if versions:
         whole, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
         lines += ['backend: "python"', "max_batch_size: 0",
@@ -96,9 +105,10 @@ def digest(folder: Path, serving: dict) -> str:
     return h.hexdigest()
 
 
-# How a server turns a task's raw input into graph inputs and back. This belongs in the task
-# modules; it lives here until the next full re-run, because prepare@<task> depends on those files
-# and its manifest records its own run time, so touching them would retrain every model.
+# How a server turns a task's raw input into graph inputs and back, for the first two tasks; later
+# tasks declare it as ``Task.serving``. These belong there too, but editing those task files re-runs
+# their prepare stage, whose earlier manifests recorded their run time: their data would get a
+# new hash and every model downstream would retrain. They move with the next full re-run.
 TASK_SERVING = {
     # Source ids are the German pieces followed by EOS, exactly as prepare@translation_de_en encodes them.
     "translation_de_en": {"source_tokenizer": "spm.de.model", "target_tokenizer": "spm.en.model",
@@ -120,7 +130,9 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     if meta["loop"] == "seq2seq":
         meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
-    return {**meta, **TASK_SERVING.get(run.task, {})}
+    from pipeline.tasks import get_task
+
+    return {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving}
 
 
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,

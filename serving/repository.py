@@ -7,6 +7,8 @@ becomes up to three kinds of servable model:
 * ``<model>`` — the whole model on raw input, the loop run here (``serving/decode.py``):
   translation takes ``text`` (BYTES) and returns the translation with its alignment; recurrent
   models take ``x`` and return outputs with the heads' weightings over time.
+  Pointer networks take ``points`` and return pointer sequences with their distributions.
+  A model exported as one graph (e.g. ACT) is that graph, under the model's own name.
 * ``<model>.<graph>`` — each exported graph on its own (e.g. ``bahdanau.encoder``), a plain
   ONNX model whose requests the server may batch together.
 
@@ -181,6 +183,61 @@ class RecurrentModel(ServedModel):
         return out
 
 
+class PointerModel(ServedModel):
+    """encoder + decoder_step of a pointer network: point sets in, pointer sequences out.
+
+    ``points`` [N, n, d] holds N sets of n points each; ``pointers`` are 0-based indices into each
+    set (-1 after the end), ``attention`` the pointer distribution of every output step over
+    [END, point 0, ..., point n-1].
+    """
+
+    platform = "attnzoo_pointer"
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.serving = meta["serving"]
+        src = _specs(self.encoder.session.get_inputs())[0]
+        super().__init__(name, version, [TensorSpec("points", "FP32", (-1, -1, src.shape[-1]))], [
+            TensorSpec("pointers", "INT64", (-1, -1)), TensorSpec("lengths", "INT64", (-1,)),
+            TensorSpec("attention", "FP32", (-1, -1, -1))])
+
+    def infer(self, feeds, params):
+        mode = params.get("decode", "greedy")
+        beam = params.get("beam", self.serving.get("beam", 3))
+        if mode not in ("beam", "greedy"):
+            raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
+        if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 32:
+            raise RequestError("parameter 'beam' must be an integer from 1 to 32")
+        points = feeds["points"].astype(np.float32)
+        sets, n = points.shape[0], points.shape[1]
+        if n == 0 or n + 1 > self.serving["max_len"]:
+            raise RequestError(f"each set needs 1 to {self.serving['max_len'] - 1} points, got {n}")
+        if not np.isfinite(points).all():
+            raise RequestError("input 'points' must be finite numbers")
+        s = self.serving
+        lens = np.full((sets,), n, dtype=np.int64)
+        pointers = np.full((sets, n), -1, dtype=np.int64)
+        attention = np.zeros((sets, n + 1, n + 1), dtype=np.float32)  # [N, steps incl. END, END + points]
+        lengths = np.zeros((sets,), dtype=np.int64)
+        if sets == 0:
+            return {"pointers": (pointers, "INT64"), "lengths": (lengths, "INT64"), "attention": (attention, "FP32")}
+        if mode == "greedy":
+            r = decode.greedy(self.encoder, self.step, points, lens, s["bos_id"], s["eos_id"], n + 1, s["pad_id"])
+            found = [(r["tokens"][i, : r["lengths"][i]], r["attention"][i]) for i in range(sets)]
+        else:
+            found = []
+            for i in range(sets):
+                b = decode.beam_search(self.encoder, self.step, points[i : i + 1], lens[:1], s["bos_id"],
+                                       s["eos_id"], n + 1, beam=beam, length_penalty=s.get("length_penalty", 1.0))
+                found.append((b["tokens"], b["attention"]))
+        for i, (tokens, dist) in enumerate(found):
+            lengths[i] = len(tokens)
+            pointers[i, : len(tokens)] = np.asarray(tokens) - 1  # positions 1..n -> point indices
+            rows = min(len(tokens) + 1, dist.shape[0])
+            attention[i, :rows] = dist[:rows]
+        return {"pointers": (pointers, "INT64"), "lengths": (lengths, "INT64"), "attention": (attention, "FP32")}
+
+
 def load_version(name: str, version: int, folder: Path, provider: str = "auto", threads: int = 0
                  ) -> tuple[ServedModel | None, dict[str, OrtGraph]]:
     """One published version folder -> (the whole model on raw input, or None; its graphs)."""
@@ -189,9 +246,15 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
     loop = meta.get("serving", {}).get("loop")
     if loop == "seq2seq" and "source_tokenizer" in meta["serving"]:
         return TranslationModel(name, version, Path(folder), meta, graphs), graphs
+    if loop == "seq2seq" and meta["serving"].get("input") == "points":
+        return PointerModel(name, version, meta, graphs), graphs
     if loop == "recurrent":
         return RecurrentModel(name, version, meta, graphs), graphs
     return None, graphs
+
+
+def meta_loop(folder: Path) -> str | None:
+    return json.loads((Path(folder) / "metadata.json").read_text()).get("serving", {}).get("loop")
 
 
 class Repository:
@@ -220,6 +283,9 @@ class Repository:
         self.providers.update(g.provider for g in graphs.values())
         if whole is not None:
             self._add(whole)
+        elif len(graphs) == 1 and meta_loop(folder) == "single":
+            # A fixed-size model is its one graph: served under the model's own name as well.
+            self._add(GraphModel(name, version, next(iter(graphs.values()))))
         else:
             log.warning("%s version %d has no serving loop in its metadata (published before serving "
                         "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)

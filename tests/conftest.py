@@ -18,6 +18,8 @@ TINY = {
     "bahdanau": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, enc_hidden=16, dec_hidden=16,
                      attn_dim=16, maxout_dim=8, dropout=0.0, label_smoothing=0.0, max_len=12),
     "ntm": dict(input_size=5, output_size=4, controller_size=24, memory_size=12, word_size=6),
+    "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=12),
+    "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
 }
 
 
@@ -41,6 +43,23 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
 
         seqs = [torch.randint(0, 2, (n, 4), generator=g, dtype=torch.uint8) for n in (3, 5, 2)[:batch]]
         return CopyTask().collate(seqs)
+    if arch == "pointer_net":  # convex hulls of 7, 5 and 4 points (right-padded)
+        import numpy as np
+
+        from pipeline.tasks.convex_hull import ConvexHullTask
+
+        task, rng = ConvexHullTask(), np.random.default_rng(seed)
+        items = []
+        for n in (7, 5, 4)[:batch]:
+            points, target = task.generate(rng, n)
+            items.append({"points": torch.from_numpy(points), "target": torch.tensor(target + [0])})
+        return task.collate(items)
+    if arch == "act":
+        from pipeline.tasks.parity import ParityTask, make_split
+        import numpy as np
+
+        split = make_split(np.random.default_rng(seed), batch, TINY[arch]["input_size"])
+        return ParityTask().collate(list(zip(split["x"], split["y"].tolist())))
     raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
-from models.layers import AdditiveAttention, circular_shift, cosine_content_weights, ntm_address
+from models.layers import AdditiveAttention, act_halting, circular_shift, cosine_content_weights, ntm_address
 
 
 def test_additive_attention_matches_formula():
@@ -21,6 +21,10 @@ def test_additive_attention_matches_formula():
     assert_close(weights, expected)
     assert_close(weights[1, 3:], torch.zeros(3))
     assert_close(context, (expected.unsqueeze(-1) * keys).sum(1))
+    # The pointer logits are the same energies, masked.
+    logits = attn.score(query, attn.project_keys(keys), mask)
+    assert_close(logits[0], scores[0])
+    assert bool((logits[1, 3:] <= -1e8).all())
 
 
 def test_content_weights_prefer_the_matching_row():
@@ -73,3 +77,22 @@ def test_sharpening_gradient_is_finite_at_zero_weights():
                     torch.zeros(1, 1, 1), torch.tensor([[[0.0, 1.0, 0.0]]]), gamma)
     (w * torch.arange(3.0)).sum().backward()
     assert torch.isfinite(gamma.grad).all()
+
+
+def test_act_halting_distribution_and_remainder():
+    # Row 0 halts at step 3 (0.3+0.5+0.4 >= 0.99), row 1 at once (0.995 >= 1-eps),
+    # row 2 never reaches the threshold and is stopped by the step limit.
+    halt = torch.tensor([[0.3, 0.5, 0.4, 0.9], [0.995, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]])
+    p, steps, remainder = act_halting(halt, eps=0.01, force_last=True)
+    assert_close(p, torch.tensor([[0.3, 0.5, 0.2, 0.0], [1.0, 0.0, 0.0, 0.0], [0.1, 0.1, 0.1, 0.7]]))
+    assert_close(steps, torch.tensor([3.0, 1.0, 4.0]))
+    assert_close(remainder, torch.tensor([0.2, 1.0, 0.7]))
+    # Without the limit, a row that has not halted keeps all its mass on the steps run so far.
+    p, steps, _ = act_halting(halt[2:, :2], eps=0.01, force_last=False)
+    assert_close(p, torch.tensor([[0.1, 0.1]]))
+    assert_close(steps, torch.tensor([2.0]))
+    # The ponder cost's gradient flows through R only: d(N + R)/dh_n = -1 for n < N, 0 after.
+    h = halt[:1].clone().requires_grad_(True)
+    _, n, r = act_halting(h, eps=0.01, force_last=True)
+    (n + r).sum().backward()
+    assert_close(h.grad, torch.tensor([[-1.0, -1.0, 0.0, 0.0]]))

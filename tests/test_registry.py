@@ -46,6 +46,19 @@ def test_forward_backward_and_shapes(arch):
         assert out["bits"].shape == batch["y"].shape
         assert out["read_weights"].shape == (3, steps, 1, TINY[arch]["memory_size"])
         assert torch.allclose(out["write_weights"].sum(-1), torch.ones(3, steps, 1), atol=1e-5)
+    if arch == "pointer_net":
+        n = batch["src_len"]
+        assert torch.allclose(out["attention"].sum(-1), torch.ones(out["attention"].shape[:2]), atol=1e-5)
+        for b in range(3):
+            pointed = out["tokens"][b, : out["lengths"][b]].tolist()
+            assert len(set(pointed)) == len(pointed) and all(1 <= p <= n[b] for p in pointed)  # each point once
+            assert float(out["attention"][b, :, n[b] + 1 :].abs().sum()) == 0.0  # padding never pointed to
+    if arch == "act":
+        halting = out["halting"]
+        assert halting.shape == (3, TINY[arch]["max_steps"])
+        assert torch.allclose(halting.sum(-1), torch.ones(3), atol=1e-6)
+        assert torch.equal((halting > 0).sum(-1).float(), out["steps"])  # p is zero after N
+        assert bool(((out["ponder"] > out["steps"]) & (out["ponder"] <= out["steps"] + 1)).all())  # N + R, R in (0,1]
 
 
 def test_overfits_one_batch(arch):

@@ -79,7 +79,13 @@ def published(tmp_path_factory):
         torch.manual_seed(seed)
         ntms.append(models.build("ntm", TINY["ntm"]).eval())
         _publish(repo, "ntm", "ntm", "copy", ntms[-1], work, [])
-    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], work=work)
+    torch.manual_seed(3)
+    pointer = models.build("pointer_net", TINY["pointer_net"]).eval()
+    _publish(repo, "pointer", "pointer_net", "convex_hull", pointer, work, [])
+    torch.manual_seed(4)
+    act = models.build("act", TINY["act"]).eval()
+    _publish(repo, "act", "act", "parity", act, work, [])
+    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act, work=work)
 
 
 def _free_port() -> int:
@@ -194,6 +200,44 @@ def test_ntm_matches_pytorch_on_every_version(server):
         np.testing.assert_allclose(got["read_weights"], expected["read_weights"].numpy(), atol=1e-4)
         np.testing.assert_allclose(got["write_weights"], expected["write_weights"].numpy(), atol=1e-4)
     assert not np.allclose(server.published.ntm_v1.predict(batch)["logits"], expected["logits"])
+
+
+def test_pointer_network_matches_pytorch_greedy_and_beam(server):
+    model = server.published.pointer
+    points = np.random.default_rng(5).random((3, 7, 2)).astype(np.float32)
+    meta = raw(server.url, "GET", "/v2/models/pointer")[1]
+    assert meta["platform"] == "attnzoo_pointer" and meta["inputs"][0]["shape"] == [-1, -1, 2]
+    expected = model.predict({"src": torch.from_numpy(points), "src_len": torch.tensor([7, 7, 7])})
+    got = server.client.infer("pointer", {"points": points}, parameters={"decode": "greedy"})
+    for i in range(3):
+        n = int(expected["lengths"][i])
+        assert int(got["lengths"][i]) == n
+        assert got["pointers"][i, :n].tolist() == (expected["tokens"][i, :n] - 1).tolist()  # 0-based points
+        assert (got["pointers"][i, n:] == -1).all()
+        np.testing.assert_allclose(got["attention"][i, : n + 1], expected["attention"][i, : n + 1], atol=1e-5)
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    got = server.client.infer("pointer", {"points": points}, parameters={"decode": "beam", "beam": 3})
+    for i in range(3):
+        ref = beam_search(enc, step, points[i : i + 1], np.array([7]), 0, 0, 8, beam=3)
+        n = len(ref["tokens"])
+        assert int(got["lengths"][i]) == n and got["pointers"][i, :n].tolist() == (ref["tokens"] - 1).tolist()
+        np.testing.assert_allclose(got["attention"][i, : n + 1], ref["attention"], atol=1e-5)
+    status, resp = raw(server.url, "POST", "/v2/models/pointer/infer", json.dumps(
+        {"inputs": [{"name": "points", "shape": [1, 2, 2], "datatype": "FP32", "data": [0, 1, "nan", 2]}]}).encode())
+    assert status == 400 and "number" in resp["error"]
+
+
+def test_single_graph_model_is_served_under_its_own_name(server):
+    model = server.published.act
+    x = np.random.default_rng(6).integers(-1, 2, (5, TINY["act"]["input_size"])).astype(np.float32)
+    expected = model.predict({"x": torch.from_numpy(x)})
+    for name in ("act", "act.model"):
+        got = server.client.infer(name, {"x": x})
+        assert np.array_equal(got["bits"], expected["bits"].numpy())
+        np.testing.assert_allclose(got["halting"], expected["halting"].numpy(), atol=1e-5)
+        np.testing.assert_allclose(got["ponder"], expected["ponder"].numpy(), atol=1e-5)
+    assert raw(server.url, "GET", "/v2/models/act")[1]["platform"] == "onnxruntime_onnx"
 
 
 def test_infer_response_follows_the_spec(server):
@@ -317,7 +361,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.flo
                     st.text(max_size=5))
 DATA = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4), max_leaves=30)
 TENSOR = st.fixed_dictionaries({
-    "name": st.sampled_from(["x", "text", "src", "src_len", "h", ""]),
+    "name": st.sampled_from(["x", "text", "src", "src_len", "h", "points", ""]),
     "shape": st.one_of(st.lists(st.integers(0, 6), max_size=4), DATA),
     "datatype": st.sampled_from(["FP32", "INT64", "BYTES", "BOOL", "UINT8", "FP16", "fp32", "INT4"]),
     "data": DATA,
@@ -331,7 +375,8 @@ BODY = st.one_of(DATA, st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "nope"]), body=BODY)
+@given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "pointer", "act", "nope"]),
+       body=BODY)
 def test_fuzzed_requests_never_break_the_server(server, model, body):
     status, resp = raw(server.url, "POST", f"/v2/models/{model}/infer", json.dumps(body).encode())
     assert status in (200, 400, 404, 413), (status, resp)
@@ -360,11 +405,15 @@ def _triton_model_config(path: Path):
 
 
 def test_triton_configs_follow_tritons_schema_and_the_servers_metadata(server):
-    for name, versions in (("bahdanau", [1]), ("ntm", [1, 2])):
+    for name, versions in (("bahdanau", [1]), ("ntm", [1, 2]), ("pointer", [1]), ("act", [])):
         cfg = _triton_model_config(server.published.repo / name / "config.pbtxt")
         meta = raw(server.url, "GET", f"/v2/models/{name}")[1]
-        assert cfg.name == name and cfg.backend == "python" and cfg.max_batch_size == 0
-        assert list(cfg.version_policy.specific.versions) == versions
+        assert cfg.name == name and cfg.max_batch_size == 0
+        if versions:  # loops: the python backend over the versions that bundle model.py
+            assert cfg.backend == "python" and list(cfg.version_policy.specific.versions) == versions
+        else:  # one graph: Triton's ONNX Runtime backend reads <version>/model.onnx itself
+            assert cfg.platform == "onnxruntime_onnx" and not cfg.backend
+            assert (server.published.repo / name / "1" / "model.onnx").exists()
         v2 = {"TYPE_STRING": "BYTES"}
         for declared, served in ((cfg.input, meta["inputs"]), (cfg.output, meta["outputs"])):
             got = [{"name": t.name, "datatype": v2.get(n, n[5:]), "shape": list(t.dims)}
@@ -422,6 +471,10 @@ def test_triton_python_backend_gives_the_servers_answers(server):
     assert got["bits"] == served["bits"].tolist()
     np.testing.assert_allclose(got["read_weights"], served["read_weights"], atol=1e-6)
     assert "'decode'" in _triton(server, "bahdanau", "1", {"text": TEXTS}, {"decode": "sideways"})["error"]
+    points = np.random.default_rng(4).random((2, 6, 2)).astype(np.float32)
+    got = _triton(server, "pointer", "1", {"points": points.tolist()}, {"decode": "beam"})
+    assert got["pointers"] == server.client.infer("pointer", {"points": points}, parameters={"decode": "beam"})[
+        "pointers"].tolist()
 
 
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
@@ -433,7 +486,7 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     try:
         for _ in range(600):  # both workers up, each with its own ONNX Runtime sessions
-            if log_path.read_text().count("serving 6 model(s)") == 2 and client.ready() or proc.poll() is not None:
+            if log_path.read_text().count("serving 11 model(s)") == 2 and client.ready() or proc.poll() is not None:
                 break
             time.sleep(0.1)
         x = np.zeros((1, 2, 5), np.float32)
@@ -447,4 +500,4 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
         proc.terminate()
         proc.wait(timeout=30)
     log = log_path.read_text()
-    assert log.count("serving 6 model(s)") == 2 and "Traceback" not in log, log[-3000:]
+    assert log.count("serving 11 model(s)") == 2 and "Traceback" not in log, log[-3000:]

@@ -86,6 +86,8 @@ def test_copy_prepare_is_deterministic(tmp_path):
     a = prepare("copy", params, tmp_path / "a")
     b = prepare("copy", params, tmp_path / "b")
     assert a["files"] == b["files"]
+    # The manifest is a function of the data alone, so an unchanged re-run keeps DVC's hash.
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
     c = prepare("copy", {**params, "seed": 4}, tmp_path / "c")
     assert c["files"]["train.pt"] != a["files"]["train.pt"]
     test10 = CopyTask().load(tmp_path / "a", "test_10")
@@ -115,6 +117,57 @@ def test_missing_debian_package_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tr, "SOURCE", tmp_path / "absent.dict.dz")
     with pytest.raises(TaskError, match="apt-get install dict-de-en"):
         tr.TranslationTask().prepare({}, tmp_path)
+
+
+def test_sort_targets_order_the_values(tmp_path):
+    params = {"seed": 5, "min_n": 3, "max_n": 6, "train_size": 40, "val_size": 4, "test_size": 5, "test_n": [4, 8]}
+    prepare("sort", params, tmp_path)
+    task = get_task("sort")
+    for item in task.load(tmp_path, "train") + task.load(tmp_path, "test_8"):
+        values, target = item["points"][:, 0], item["target"].tolist()
+        assert target[-1] == 0 and sorted(target[:-1]) == list(range(1, len(values) + 1))
+        assert torch.all(values[torch.tensor(target[:-1]) - 1].diff() >= 0)
+    assert {len(i["points"]) for i in task.load(tmp_path, "test_8")} == {8}
+    batch = task.collate(task.load(tmp_path, "test_4")[:2] + task.load(tmp_path, "test_8")[:1])
+    assert batch["src"].shape == (3, 8, 1) and batch["src_len"].tolist() == [4, 4, 8]
+    assert batch["tgt"][0, 5:].tolist() == [-100] * 4  # 4 pointers + END, then padding
+
+
+def test_convex_hull_matches_a_brute_force_hull():
+    import numpy as np
+
+    from pipeline.tasks.convex_hull import ConvexHullTask
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        points, target = ConvexHullTask().generate(rng, int(rng.integers(3, 12)))
+        idx = [t - 1 for t in target]
+        # Brute force: i -> j is a counter-clockwise hull edge iff every other point lies to its left.
+        edges = set()
+        for i in range(len(points)):
+            for j in range(len(points)):
+                if i != j:
+                    d = points[j] - points[i]
+                    rel = points - points[i]
+                    cross = d[0] * rel[:, 1] - d[1] * rel[:, 0]
+                    cross[[i, j]] = 1.0
+                    if (cross > 0).all():
+                        edges.add((i, j))
+        assert idx[0] == min(idx)  # canonical start: the lowest index
+        assert set(zip(idx, idx[1:] + idx[:1])) == edges
+
+
+def test_parity_labels_count_the_plus_ones():
+    import numpy as np
+
+    from pipeline.tasks.parity import make_split
+
+    split = make_split(np.random.default_rng(1), 500, 16)
+    x, y, k = split["x"], split["y"], split["k"]
+    assert set(x.unique().tolist()) == {-1, 0, 1}
+    assert torch.equal((x != 0).sum(1), k) and int(k.min()) >= 1 and int(k.max()) <= 16
+    assert torch.equal(y, (x == 1).sum(1) % 2)
+    assert 0.4 < float(y.float().mean()) < 0.6
 
 
 def test_unknown_task():

@@ -13,6 +13,9 @@ class TaskError(RuntimeError):
 
 class Task:
     name: str = ""
+    # What a server needs to run this task's models on raw input (merged into the ``serving``
+    # block that ``publish`` writes; e.g. the input kind, tokenizers, attention outputs).
+    serving: dict = {}
 
     def prepare(self, params: dict, out: Path) -> dict:
         """Write prepared files into ``out``; return manifest facts (counts, vocab...)."""
@@ -51,9 +54,9 @@ def register_task(task: Task) -> Task:
 
 
 def get_task(name: str) -> Task:
-    if not TASKS:
-        for info in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{info.name}")
+    # Import every task module once (importing one directly must not hide the others).
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
     if name not in TASKS:
         raise TaskError(f"unknown task '{name}'; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
