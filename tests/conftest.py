@@ -20,6 +20,7 @@ TINY = {
     "ntm": dict(input_size=5, output_size=4, controller_size=24, memory_size=12, word_size=6),
     "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=12),
     "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
+    "neural_programmer": dict(vocab_size=23, emb_dim=8, hidden=16, steps=3),
 }
 
 
@@ -60,6 +61,14 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
 
         split = make_split(np.random.default_rng(seed), batch, TINY[arch]["input_size"])
         return ParityTask().collate(list(zip(split["x"], split["y"].tolist())))
+    if arch == "neural_programmer":
+        import numpy as np
+
+        from pipeline.tasks.table_qa import TableQATask
+
+        task = TableQATask()
+        split = task.make_split(np.random.default_rng(seed), batch, {"min_rows": 3, "max_rows": 5})
+        return task.collate([{k: v[i] for k, v in split.items()} for i in range(batch)])
     raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
 
 

@@ -53,6 +53,12 @@ def test_forward_backward_and_shapes(arch):
             pointed = out["tokens"][b, : out["lengths"][b]].tolist()
             assert len(set(pointed)) == len(pointed) and all(1 <= p <= n[b] for p in pointed)  # each point once
             assert float(out["attention"][b, :, n[b] + 1 :].abs().sum()) == 0.0  # padding never pointed to
+    if arch == "neural_programmer":
+        steps = TINY[arch]["steps"]
+        assert out["op_weights"].shape == (3, steps, 8) and out["col_weights"].shape == (3, steps, 3)
+        assert torch.allclose(out["op_weights"].sum(-1), torch.ones(3, steps), atol=1e-5)
+        assert out["lookup"].shape == batch["table"].shape
+        assert set(out["lookup"].unique().tolist()) <= {0.0, 1.0}  # the executed program selects whole cells
     if arch == "act":
         halting = out["halting"]
         assert halting.shape == (3, TINY[arch]["max_steps"])

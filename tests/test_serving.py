@@ -85,7 +85,11 @@ def published(tmp_path_factory):
     torch.manual_seed(4)
     act = models.build("act", TINY["act"]).eval()
     _publish(repo, "act", "act", "parity", act, work, [])
-    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act, work=work)
+    torch.manual_seed(5)
+    programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
+    _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
+    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act,
+                           programmer=programmer, work=work)
 
 
 def _free_port() -> int:
@@ -240,6 +244,34 @@ def test_single_graph_model_is_served_under_its_own_name(server):
     assert raw(server.url, "GET", "/v2/models/act")[1]["platform"] == "onnxruntime_onnx"
 
 
+def test_table_questions_in_text_match_pytorch(server):
+    from pipeline.tasks.table_qa import VOCAB
+
+    questions = ["sum of price where age greater than 40", "How many rows?", "last age where price lesser than 70"]
+    columns = [["price", "age", "rank"]] * 3
+    table = np.random.default_rng(8).integers(0, 100, (3, 6, 3)).astype(np.float32)
+    got = server.client.infer("programmer", {"question": questions, "columns": np.array(columns, dtype=object),
+                                             "table": table})
+    words = [q.lower().replace("?", "").replace("40", "<num>").replace("70", "<num>").split() for q in questions]
+    ids = torch.zeros(3, max(map(len, words)), dtype=torch.long)
+    for i, w in enumerate(words):
+        ids[i, : len(w)] = torch.tensor([VOCAB[x] for x in w])
+    batch = {"question": ids, "q_len": torch.tensor([len(w) for w in words]),
+             "columns": torch.tensor([[VOCAB[c] for c in row] for row in columns]), "table": torch.from_numpy(table),
+             "row_mask": torch.ones(3, 6), "pivot": torch.tensor([40.0, 0.0, 70.0])}
+    expected = server.published.programmer.predict(batch)
+    lookup = expected["is_lookup"].bool().numpy()
+    assert np.array_equal(got["is_lookup"], lookup)
+    np.testing.assert_allclose(got["answer"], np.where(lookup, 0.0, expected["scalar"].numpy()), atol=1e-4)
+    assert np.array_equal(got["cells"], expected["lookup"].numpy() > 0.5)
+    np.testing.assert_allclose(got["op_weights"], expected["op_weights"].numpy(), atol=1e-5)
+    status, resp = raw(server.url, "POST", "/v2/models/programmer/infer", json.dumps({"inputs": [
+        {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["what is the colour of price"]},
+        {"name": "columns", "shape": [1, 3], "datatype": "BYTES", "data": ["price", "age", "rank"]},
+        {"name": "table", "shape": [1, 1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}).encode())
+    assert status == 400 and "unknown word" in resp["error"] and "colour" in resp["error"]
+
+
 def test_infer_response_follows_the_spec(server):
     x = np.zeros((1, 2, 5), np.float32)
     body = {"id": "abc", "inputs": [{"name": "x", "shape": [1, 2, 5], "datatype": "FP32", "data": x.tolist()}],
@@ -361,7 +393,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.flo
                     st.text(max_size=5))
 DATA = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4), max_leaves=30)
 TENSOR = st.fixed_dictionaries({
-    "name": st.sampled_from(["x", "text", "src", "src_len", "h", "points", ""]),
+    "name": st.sampled_from(["x", "text", "src", "src_len", "h", "points", "question", "columns", "table", ""]),
     "shape": st.one_of(st.lists(st.integers(0, 6), max_size=4), DATA),
     "datatype": st.sampled_from(["FP32", "INT64", "BYTES", "BOOL", "UINT8", "FP16", "fp32", "INT4"]),
     "data": DATA,
@@ -375,7 +407,8 @@ BODY = st.one_of(DATA, st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "pointer", "act", "nope"]),
+@given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "pointer", "act", "programmer",
+                               "nope"]),
        body=BODY)
 def test_fuzzed_requests_never_break_the_server(server, model, body):
     status, resp = raw(server.url, "POST", f"/v2/models/{model}/infer", json.dumps(body).encode())
@@ -486,7 +519,7 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     try:
         for _ in range(600):  # both workers up, each with its own ONNX Runtime sessions
-            if log_path.read_text().count("serving 11 model(s)") == 2 and client.ready() or proc.poll() is not None:
+            if log_path.read_text().count("serving 13 model(s)") == 2 and client.ready() or proc.poll() is not None:
                 break
             time.sleep(0.1)
         x = np.zeros((1, 2, 5), np.float32)
@@ -500,4 +533,4 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
         proc.terminate()
         proc.wait(timeout=30)
     log = log_path.read_text()
-    assert log.count("serving 11 model(s)") == 2 and "Traceback" not in log, log[-3000:]
+    assert log.count("serving 13 model(s)") == 2 and "Traceback" not in log, log[-3000:]

@@ -170,6 +170,37 @@ def test_parity_labels_count_the_plus_ones():
     assert 0.4 < float(y.float().mean()) < 0.6
 
 
+def test_table_qa_answers_follow_the_question():
+    import numpy as np
+
+    from pipeline.tasks.table_qa import KINDS, WORDS, make_example
+
+    rng = np.random.default_rng(2)
+    for i in range(300):
+        kind = list(KINDS)[i % len(KINDS)]
+        ex = make_example(rng, int(rng.integers(5, 11)), kind)
+        words = [WORDS[t] for t in ex["question"]]
+        names = [WORDS[t] for t in ex["columns"]]
+        table = ex["table"]
+        # Reference: read the question's words, not the generator's choices.
+        rows = np.ones(len(table), bool)
+        if "greater" in words or "lesser" in words:
+            b = names.index(words[words.index("than") - 2])
+            rows = table[:, b] > ex["pivot"] if "greater" in words else table[:, b] < ex["pivot"]
+        assert rows.any()  # filters always select a row
+        if words[0] == "how":
+            assert ex["answer"] == rows.sum() and not ex["is_lookup"]
+        elif words[0] == "sum":
+            assert ex["answer"] == table[rows, names.index(words[2])].sum()
+        else:
+            a = names.index(words[1])
+            picked = np.flatnonzero(rows)
+            picked = picked[:1] if words[0] == "first" else picked[-1:] if words[0] == "last" else picked
+            expected = np.zeros_like(table)
+            expected[picked, a] = 1
+            assert ex["is_lookup"] and np.array_equal(ex["cells"], expected)
+
+
 def test_unknown_task():
     with pytest.raises(TaskError, match="unknown task"):
         get_task("nope")
