@@ -60,7 +60,7 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarra
                 eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0
                 ) -> dict[str, np.ndarray]:
     """Beam search for one sentence (src [1,S]); hypotheses are ranked by
-    log p / length**length_penalty.
+    log p / length**length_penalty (``length_penalty`` 0: by log p, with an exact stopping rule).
 
     Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float.
     """
@@ -90,8 +90,14 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarra
                 next_beams.append(k)
                 next_scores.append(total[flat])
                 next_tokens.append(tok)
-        if len(finished) >= beam or not next_beams:
+        if not next_beams:
             break
+        if len(finished) >= beam:
+            # Without length normalisation scores only fall as hypotheses grow, so stop only once
+            # no live hypothesis can beat the best finished one (pointer networks, whose
+            # low-ranked beams end early). With it there is no such bound: stop at `beam` finished.
+            if length_penalty != 0 or max(f[0] for f in finished) >= max(next_scores):
+                break
         idx = np.array(next_beams + [next_beams[0]] * (beam - len(next_beams)))
         hyps = [hyps[k] + [tok] for k, tok in zip(next_beams, next_tokens)]
         aligns = [aligns[k] + [out["attention"][k]] for k in next_beams]

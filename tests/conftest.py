@@ -18,7 +18,7 @@ TINY = {
     "bahdanau": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, enc_hidden=16, dec_hidden=16,
                      attn_dim=16, maxout_dim=8, dropout=0.0, label_smoothing=0.0, max_len=12),
     "ntm": dict(input_size=5, output_size=4, controller_size=24, memory_size=12, word_size=6),
-    "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=12),
+    "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=20),
     "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
     "neural_programmer": dict(vocab_size=23, emb_dim=8, hidden=16, steps=3),
 }

@@ -79,3 +79,23 @@ def test_unroll_matches_ntm_predict():
     expected = model.predict(batch)
     np.testing.assert_allclose(out["logits"], expected["logits"].numpy(), atol=1e-6)
     np.testing.assert_allclose(out["new_write_w"], expected["write_weights"].numpy(), atol=1e-6)
+
+
+def test_beam_without_normalisation_does_not_stop_before_the_best_hypothesis_ends():
+    # Step t, previous token -> log-probabilities over [END, a, b] (token 0 is END and the start).
+    table = {0: {0: [-0.5, -0.1, -0.6]}, 1: {1: [-1.0, -0.2, -3.0], 2: [-1e-4, -5.0, -5.0]},
+             2: {1: [-0.01, -5.0, -5.0], 2: [-5.0, -5.0, -5.0]}, 3: {1: [-5.0] * 3, 2: [-5.0] * 3}}
+
+    def encoder(feeds):
+        return {"t": np.zeros((feeds["src"].shape[0], 1), np.int64)}
+
+    def step(feeds):
+        t = feeds["t"][:, 0]
+        rows = [table[int(ti)].get(int(y), [-5.0] * 3) for ti, y in zip(t, feeds["y_prev"])]
+        return {"log_probs": np.array(rows), "attention": np.ones((len(t), 1)), "new_t": feeds["t"] + 1}
+
+    src, n = np.zeros((1, 1), np.int64), np.array([1])
+    # Two early ENDs ([END] -0.5, [b END] -0.6) fill the beam while "a a" (-0.3) is still alive;
+    # only after it ends (-0.31) is the best finished hypothesis known.
+    best = beam_search(encoder, step, src, n, 0, 0, 4, beam=2, length_penalty=0.0)
+    assert best["tokens"].tolist() == [1, 1] and abs(best["score"] + 0.31) < 1e-9

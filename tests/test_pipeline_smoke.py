@@ -18,14 +18,18 @@ pytestmark = pytest.mark.slow
 def tiny_params(params: dict) -> dict:
     params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
     params["tasks"]["translation_de_en"].update(vocab_size=400, lexicon_pairs=2000)
+    for task in ("sort", "convex_hull", "repeat_copy", "associative_recall"):
+        params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
+    params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
+    params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
-        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size"):
+        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size"):
             entry["model"].pop(key, None)  # these come from the prepared data
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
-        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "beam": 3}
+        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "beam": 3, "beam_examples": 8}
     return params
 
 
@@ -60,6 +64,9 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert (repo / "runs" / "bahdanau" / "plots" / "alignment_0.png").exists()
     assert (repo / "runs" / "ntm" / "plots" / "memory_trace_len20.png").exists()
     assert "bahdanau_none" in (repo / "reports" / "translation_de_en.md").read_text()
+    for task in params["tasks"]:  # every task's report lists each of its models
+        report = (repo / "reports" / f"{task}.md").read_text()
+        assert all(name in report for name, e in params["models"].items() if e["task"] == task), task
     # One training run per model, child runs for tune trials, a registered version per model.
     db = sqlite3.connect(repo / "mlflow.db")
     names = [r[0] for r in db.execute("select name from registered_models")]
