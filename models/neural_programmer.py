@@ -4,7 +4,8 @@ A question RNN reads the question (numbers replaced by a <num> token, their valu
 the pivot); for T steps a history RNN, fed the previous step's soft choices (c_t = [α_opᵀ U;
 α_colᵀ P], §2.3), drives two soft selectors over built-in operations and over the table's columns,
 α_op = softmax(U tanh(W_op [q; h_t])) and α_col = softmax(P tanh(W_col [q; h_t])) — P are the
-column names' word embeddings, so a column is chosen by what it is called. Each step applies every
+column names' word embeddings, so a column is chosen by what it is called. Each step also attends
+over the question's words with h_t and adds that summary q_t to [q; h_t]. Each step applies every
 operation to the row selector of the previous step and mixes the results by α (§2.4):
 
     row_select_t = α_reset·1 + α_greater·Σ_j α_col_j [T_ij > pivot] + α_lesser·Σ_j α_col_j [T_ij < pivot]
@@ -43,8 +44,7 @@ class NeuralProgrammerConfig:
     emb_dim: int = 64
     hidden: int = 128
     steps: int = 3  # T
-    value_scale: float = 100.0  # answers and table values are compared on this scale in the loss
-    huber_delta: float = 1.0
+    huber_delta: float = 1.0  # on log(1 + ŷ) - log(1 + y)
     lookup_weight: float = 1.0
     pad_id: int = 0
 
@@ -78,14 +78,16 @@ class NeuralProgrammer(nn.Module):
         self.question_rnn = nn.GRU(e, h, batch_first=True)
         self.ops = nn.Parameter(torch.randn(k, h) * 0.1)  # U: operation embeddings
         self.history = nn.GRUCell(h + e, h)
-        self.op_select = nn.Linear(2 * h, h)  # W_op
-        self.col_select = nn.Linear(2 * h, e)  # W_col, compared with column-name embeddings
+        self.op_select = nn.Linear(3 * h, h)  # W_op
+        self.col_select = nn.Linear(3 * h, e)  # W_col, compared with column-name embeddings
 
-    def encode_question(self, question: Tensor, q_len: Tensor) -> Tensor:
-        """question [B,L] int64 (right-padded), q_len [B] -> q [B,H], the state after the last word."""
-        out, _ = self.question_rnn(self.embed(question))  # [B,L,H]
-        last = (q_len - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, out.shape[2])  # [B,1,H]
-        return out.gather(1, last).squeeze(1)
+    def encode_question(self, question: Tensor, q_len: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """question [B,L] int64 (right-padded), q_len [B] -> q [B,H] (the state after the last
+        word), the states of every word z [B,L,H] and their mask [B,L]."""
+        z, _ = self.question_rnn(self.embed(question))  # [B,L,H]
+        last = (q_len - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, z.shape[2])  # [B,1,H]
+        mask = torch.arange(z.shape[1], device=z.device).unsqueeze(0) < q_len.unsqueeze(1)  # [B,L]
+        return z.gather(1, last).squeeze(1), z, mask
 
     def run(self, batch: dict[str, Tensor], hard: bool) -> dict[str, Tensor]:
         """The T-step program. ``hard``: execute argmax choices (prediction) instead of the mixture.
@@ -93,7 +95,7 @@ class NeuralProgrammer(nn.Module):
         Returns scalar [B], lookup [B,M,C], soft op_weights [B,T,K] and col_weights [B,T,C].
         """
         table, row_mask = batch["table"], batch["row_mask"]  # [B,M,C], [B,M]
-        q = self.encode_question(batch["question"], batch["q_len"])  # [B,H]
+        q, words, word_mask = self.encode_question(batch["question"], batch["q_len"])  # [B,H], [B,L,H], [B,L]
         cols = self.embed(batch["columns"])  # [B,C,E] column-name embeddings (P)
         pivot = batch["pivot"].view(-1, 1, 1)  # [B,1,1]
         greater = (table > pivot).to(table.dtype) * row_mask.unsqueeze(-1)  # [B,M,C]
@@ -106,7 +108,11 @@ class NeuralProgrammer(nn.Module):
         op_ws, col_ws = [], []
         for _ in range(self.cfg.steps):
             h = self.history(prev, h)  # [B,H]
-            qh = torch.cat([q, h], dim=-1)  # [B,2H]
+            # Question attention (§2.3): each step reads the words it needs, e.g. the filter
+            # column's name first and the answer column's name later.
+            beta = torch.softmax(torch.bmm(words, h.unsqueeze(-1)).squeeze(-1) + (~word_mask) * -1e9, dim=-1)  # [B,L]
+            q_t = torch.bmm(beta.unsqueeze(1), words).squeeze(1)  # [B,1,L]x[B,L,H] -> [B,H]
+            qh = torch.cat([q, q_t, h], dim=-1)  # [B,3H]
             op_w = torch.softmax(torch.tanh(self.op_select(qh)) @ self.ops.T, dim=-1)  # [B,H]x[H,K] -> [B,K]
             col_w = torch.softmax(torch.bmm(cols, torch.tanh(self.col_select(qh)).unsqueeze(-1)).squeeze(-1)
                                   + (batch["columns"] == self.cfg.pad_id) * -1e9, dim=-1)  # [B,C,E]x[B,E,1] -> [B,C]
@@ -129,11 +135,15 @@ class NeuralProgrammer(nn.Module):
 
     # ---- model contract --------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """Huber loss on scalar answers, log-loss over real cells on lookup answers (§2.5)."""
+        """Huber loss on scalar answers (in log space), log-loss over real cells on lookup answers
+        (§2.5)."""
         cfg = self.cfg
         out = self.run(batch, hard=False)
         is_lookup = batch["answer_is_lookup"].to(out["scalar"].dtype)  # [B]
-        scalar_loss = F.huber_loss(out["scalar"] / cfg.value_scale, batch["answer"] / cfg.value_scale,
+        # Huber in log space: counts (≤ 10) and sums (hundreds) weigh alike (on one absolute
+        # scale counts were never learned), and a wrong operation is never a cheap answer (on
+        # the relative error, "count" was a bounded-cost answer to every sum and stuck there).
+        scalar_loss = F.huber_loss(torch.log1p(out["scalar"].clamp(min=0)), torch.log1p(batch["answer"]),
                                    delta=cfg.huber_delta, reduction="none")  # [B]
         cell_mask = batch["row_mask"].unsqueeze(-1) * (batch["columns"] != cfg.pad_id).unsqueeze(1)  # [B,M,C]
         bce = F.binary_cross_entropy(out["lookup"].clamp(1e-6, 1 - 1e-6), batch["answer_cells"], reduction="none")
