@@ -56,8 +56,9 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
             items.append({"points": torch.from_numpy(points), "target": torch.tensor(target + [0])})
         return task.collate(items)
     if arch == "act":
-        from pipeline.tasks.parity import ParityTask, make_split
         import numpy as np
+
+        from pipeline.tasks.parity import ParityTask, make_split
 
         split = make_split(np.random.default_rng(seed), batch, TINY[arch]["input_size"])
         return ParityTask().collate(list(zip(split["x"], split["y"].tolist())))

@@ -87,7 +87,8 @@ class RepeatCopyTask(Task):
     def parity_batches(self, data_dir: Path) -> list[tuple[str, dict]]:
         cases = []
         for (length, rep), size in zip(_cases(data_dir), (1, 16, 4, 8)):
-            cases.append((f"L={length} R={rep} × batch {size}", self.collate(self.load(data_dir, _case(length, rep))[:size])))
+            items = self.load(data_dir, _case(length, rep))[:size]
+            cases.append((f"L={length} R={rep} × batch {size}", self.collate(items)))
         return cases
 
 
