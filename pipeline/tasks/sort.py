@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.tasks import Task, register_task
+from pipeline.tasks import Task, TaskError, register_task
 
 IGNORE = -100  # padding in targets, skipped by the loss
 
@@ -32,7 +32,7 @@ class PointerTask(Task):
 
     def generate(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[int]]:
         """One example: points [n, point_size] float32 and the 1-based target positions."""
-        raise NotImplementedError
+        raise TaskError(f"task {self.name} has no example generator")
 
     def make_split(self, rng: np.random.Generator, count: int, sizes) -> dict[str, torch.Tensor]:
         """``count`` examples with N drawn from ``sizes``, stored padded (one tensor per field)."""
