@@ -52,6 +52,16 @@ class ServedModel(ABC):
         """Run on validated inputs; raise RequestError for input the model cannot take."""
 
 
+def decode_params(params: dict, mode: str, beam: int) -> tuple[str, int]:
+    """The request's ``decode`` and ``beam`` parameters, checked; the arguments are the defaults."""
+    mode, beam = params.get("decode", mode), params.get("beam", beam)
+    if mode not in ("beam", "greedy"):
+        raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
+    if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 32:
+        raise RequestError("parameter 'beam' must be an integer from 1 to 32")
+    return mode, beam
+
+
 def _specs(items) -> list[TensorSpec]:
     return [TensorSpec(i.name, ONNX_TYPES.get(i.type, i.type),
                        tuple(d if isinstance(d, int) else -1 for d in i.shape)) for i in items]
@@ -123,12 +133,7 @@ class TranslationModel(ServedModel):
         return out
 
     def infer(self, feeds, params):
-        mode = params.get("decode", "beam")
-        beam = params.get("beam", self.serving.get("beam", 5))
-        if mode not in ("beam", "greedy"):
-            raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
-        if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 32:
-            raise RequestError("parameter 'beam' must be an integer from 1 to 32")
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
         texts = [str(t) for t in feeds["text"].reshape(-1)]
         if not texts:
             return {"translation": (np.array([], dtype=object), "BYTES"),
@@ -202,12 +207,7 @@ class PointerModel(ServedModel):
             TensorSpec("attention", "FP32", (-1, -1, -1))])
 
     def infer(self, feeds, params):
-        mode = params.get("decode", "greedy")
-        beam = params.get("beam", self.serving.get("beam", 3))
-        if mode not in ("beam", "greedy"):
-            raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
-        if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 32:
-            raise RequestError("parameter 'beam' must be an integer from 1 to 32")
+        mode, beam = decode_params(params, "greedy", self.serving.get("beam", 3))
         points = feeds["points"].astype(np.float32)
         sets, n = points.shape[0], points.shape[1]
         if n == 0 or n + 1 > self.serving["max_len"]:
@@ -301,7 +301,10 @@ class TableQuestionModel(ServedModel):
 
 def load_version(name: str, version: int, folder: Path, provider: str = "auto", threads: int = 0
                  ) -> tuple[ServedModel | None, dict[str, OrtGraph]]:
-    """One published version folder -> (the whole model on raw input, or None; its graphs)."""
+    """One published version folder -> (the whole model on raw input, or None; its graphs).
+
+    A model with one graph and no input decoding of its own (``loop: single``) is that graph.
+    """
     meta = json.loads((Path(folder) / "metadata.json").read_text())
     graphs = {g: OrtGraph(Path(folder) / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
     loop = meta.get("serving", {}).get("loop")
@@ -313,11 +316,9 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         return RecurrentModel(name, version, meta, graphs), graphs
     if loop == "single" and meta["serving"].get("input") == "table_question":
         return TableQuestionModel(name, version, meta, graphs["model"]), graphs
+    if loop == "single" and len(graphs) == 1:
+        return GraphModel(name, version, next(iter(graphs.values()))), graphs
     return None, graphs
-
-
-def meta_loop(folder: Path) -> str | None:
-    return json.loads((Path(folder) / "metadata.json").read_text()).get("serving", {}).get("loop")
 
 
 class Repository:
@@ -346,9 +347,6 @@ class Repository:
         self.providers.update(g.provider for g in graphs.values())
         if whole is not None:
             self._add(whole)
-        elif len(graphs) == 1 and meta_loop(folder) == "single":
-            # A fixed-size model is its one graph: served under the model's own name as well.
-            self._add(GraphModel(name, version, next(iter(graphs.values()))))
         else:
             log.warning("%s version %d has no serving loop in its metadata (published before serving "
                         "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)
