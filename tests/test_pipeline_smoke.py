@@ -22,6 +22,8 @@ def tiny_params(params: dict) -> dict:
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
     params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
+    for task in ("repeat_copy", "associative_recall"):
+        params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}

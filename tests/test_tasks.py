@@ -153,7 +153,7 @@ def test_convex_hull_matches_a_brute_force_hull():
                     cross[[i, j]] = 1.0
                     if (cross > 0).all():
                         edges.add((i, j))
-        assert idx[0] == min(idx)  # canonical start: the lowest index
+        assert points[idx[0], 0] == points[:, 0].min()  # canonical start: the leftmost point
         assert set(zip(idx, idx[1:] + idx[:1])) == edges
 
 
