@@ -18,12 +18,10 @@ pytestmark = pytest.mark.slow
 def tiny_params(params: dict) -> dict:
     params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
     params["tasks"]["translation_de_en"].update(vocab_size=400, lexicon_pairs=2000)
-    for task in ("sort", "convex_hull"):
+    for task in ("sort", "convex_hull", "repeat_copy", "associative_recall"):
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
     params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
-    for task in ("repeat_copy", "associative_recall"):
-        params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
