@@ -139,3 +139,121 @@ def act_halting(halt: Tensor, eps: float, force_last: bool) -> tuple[Tensor, Ten
     remainder = ((1 - (cum - halt)) * final).sum(-1)  # [B]: 1 - Σ_{n<N} h_n
     p = torch.where(final, 1 - (cum - halt), torch.where(active, halt, torch.zeros_like(halt)))
     return p, active.to(halt.dtype).sum(-1), remainder
+
+
+def dot_scores(query: Tensor, keys: Tensor, mask: Tensor, scale: float = 1.0) -> Tensor:
+    """Dot-product energies scale · qᵀk, masked (Luong 2015 eq. 8 "dot"/"general" with scale 1;
+    Vaswani 2017 eq. 1 with scale 1/√d_k).
+
+    Args: query [..., T, K], keys [..., S, K], mask broadcastable to [..., T, S] (1/True = real).
+    Returns: energies [..., T, S], masked positions NEG_INF.
+    """
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale  # [...,T,K]x[...,K,S] -> [...,T,S]
+    return scores.masked_fill(mask <= 0, NEG_INF)
+
+
+class LuongAttention(nn.Module):
+    """Luong, Pham & Manning 2015, eq. (8): score(h_t, h̄_s) ∈ {dot hᵀh̄, general hᵀW_a h̄,
+    concat v_aᵀ tanh(W_a[h_t; h̄_s])}.
+
+    ``concat`` is the additive score of :class:`AdditiveAttention` (W_a[h; h̄] = W₁h + W₂h̄), so it
+    reuses it. As there, everything that depends only on the source (W_a h̄ for ``general``) is
+    computed once per sentence by :meth:`project_keys`.
+    """
+
+    SCORES = ("dot", "general", "concat")
+
+    def __init__(self, score: str, dim: int, attn_dim: int):
+        super().__init__()
+        if score not in self.SCORES:
+            raise ValueError(f"score must be one of {self.SCORES}, got '{score}'")
+        self.kind = score
+        if score == "general":
+            self.weight = nn.Linear(dim, dim, bias=False)
+        elif score == "concat":
+            self.additive = AdditiveAttention(dim, dim, attn_dim)
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        """keys h̄ [B,S,D] -> [B,S,D] (dot: h̄; general: W_a h̄) or [B,S,A] (concat)."""
+        if self.kind == "general":
+            return self.weight(keys)
+        if self.kind == "concat":
+            return self.additive.project_keys(keys)
+        return keys
+
+    def score(self, query: Tensor, projected_keys: Tensor, mask: Tensor) -> Tensor:
+        """query h_t [B,D], projected keys, mask [B,S] -> masked energies [B,S]."""
+        if self.kind == "concat":
+            return self.additive.score(query, projected_keys, mask)
+        # [B,1,D] x [B,S,D] -> [B,1,S] -> [B,S]
+        return dot_scores(query.unsqueeze(1), projected_keys, mask.unsqueeze(1)).squeeze(1)
+
+
+def local_window(scores: Tensor, center: Tensor, half_width: int) -> Tensor:
+    """Local attention (Luong 2015 §3.2, eq. 10): align over the window [p_t - D, p_t + D], times
+    a Gaussian exp(-(s - p_t)² / 2σ²) with σ = D/2 centred on the (real-valued) position p_t.
+
+    The softmax runs over the window only; as in the paper, the Gaussian-weighted result is not
+    renormalised. Written with masks over all S positions, so it exports with dynamic lengths.
+
+    Args: scores [B,S] (already NEG_INF at padding), center p_t [B], half_width D.
+    Returns: weights a_t [B,S].
+    """
+    positions = torch.arange(scores.shape[1], device=scores.device, dtype=scores.dtype)  # [S]
+    offset = positions.unsqueeze(0) - center.unsqueeze(1)  # [1,S]-[B,1] -> [B,S]
+    inside = offset.abs() <= half_width
+    align = torch.softmax(scores.masked_fill(~inside, NEG_INF), dim=-1)  # [B,S]
+    sigma = half_width / 2
+    return align * torch.exp(-(offset**2) / (2 * sigma**2))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017, §3.2.2).
+
+    The usual path calls ``F.scaled_dot_product_attention``, so GPUs get fused (flash /
+    memory-efficient) kernels; ``need_weights=True`` computes the same softmax(QKᵀ/√d_k)V
+    explicitly, because the fused kernels do not return the attention map that evaluation plots
+    and the server returns.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"model dim {dim} is not divisible by {heads} heads")
+        self.heads, self.head_dim, self.dropout = heads, dim // heads, dropout
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def split(self, x: Tensor) -> Tensor:
+        """[B,T,D] -> [B,H,T,D/H]."""
+        return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of x [B,S,D] as [B,H,S,D/H] each (cacheable across decoder steps)."""
+        return self.split(self.key(x)), self.split(self.value(x))
+
+    def attend(self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Args: query [B,T,D] (not yet projected), k/v [B,H,S,D/H], mask bool broadcastable to
+        [B,H,T,S] (True = may attend) or None; ``causal`` masks future positions (T == S).
+
+        Returns: output [B,T,D], weights [B,H,T,S] (None unless ``need_weights``).
+        """
+        q = self.split(self.query(query))  # [B,H,T,D/H]
+        drop = self.dropout if self.training else 0.0
+        if causal and (need_weights or mask is not None):
+            # SDPA takes either a mask or is_causal; fold the causal mask in. Alone, is_causal
+            # keeps the fused causal kernels.
+            future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+            mask, causal = (future if mask is None else mask & future), False
+        if need_weights:
+            allowed = torch.ones_like(q[..., :1], dtype=torch.bool) if mask is None else mask  # no mask: all
+            weights = torch.softmax(dot_scores(q, k, allowed, self.head_dim**-0.5), dim=-1)  # [B,H,T,S]
+            ctx = torch.matmul(F.dropout(weights, drop, self.training), v)  # [B,H,T,D/H]
+        else:
+            weights = None
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal)
+        ctx = ctx.transpose(1, 2).reshape(ctx.shape[0], ctx.shape[2], -1)  # [B,H,T,D/H] -> [B,T,D]
+        return self.out(ctx), weights

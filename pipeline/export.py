@@ -155,6 +155,34 @@ def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: d
     return report
 
 
+def latency(model, onnx_dir: Path, cases: list[tuple[str, dict]], repeats: int = 5) -> dict:
+    """Wall time of the whole inference loop (``model.predict`` vs the onnxruntime loop on the
+    CPU execution provider) on the parity cases: the median of ``repeats`` runs per case, in ms."""
+    import time
+
+    specs = model.export_graphs()
+    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+    ort_graphs = {n: OrtGraph(onnx_dir / f"{n}.onnx", provider="cpu") for n in specs}
+
+    def median_ms(fn) -> float:
+        fn()  # warm-up: first-call allocations and lazy initialisation
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return round(1000 * float(np.median(times)), 2)
+
+    rows = []
+    for label, batch in cases:
+        np_batch = {k: v.numpy() for k, v in batch.items()}
+        rows.append({"case": label, "batch": int(next(iter(batch.values())).shape[0]),
+                     "pytorch_ms": median_ms(lambda b=batch: model.predict(b)),
+                     "onnxruntime_ms": median_ms(lambda b=np_batch: run_loop(ort_graphs, b, meta))})
+    total = {k: round(sum(r[k] for r in rows), 2) for k in ("pytorch_ms", "onnxruntime_ms")}
+    return {"cases": rows, "total": total, "threads": torch.get_num_threads()}
+
+
 def export(run: RunConfig) -> dict:
     """Export the best checkpoint of ``run`` and gate it on parity; returns parity.json content."""
     model, _ = load_model(run.run_dir / "checkpoint" / "best")
@@ -174,7 +202,12 @@ def export(run: RunConfig) -> dict:
     with tracking.run(run.name, "export") as mlflow:
         mlflow.log_metric("parity_passed", float(result["passed"]))
         mlflow.log_artifact(str(run.run_dir / "parity.json"))
-    if not result["passed"]:
+    if result["passed"]:
+        timing = latency(model, onnx_dir, cases)
+        results = run.run_dir.parent.parent / "results" / run.task
+        results.mkdir(parents=True, exist_ok=True)
+        (results / f"{run.name}.latency.json").write_text(json.dumps(timing, indent=1))
+    else:
         raise ParityError(f"{run.name}: onnxruntime disagrees with PyTorch beyond tolerance; "
                           f"see {run.run_dir / 'parity.json'}")
     return result

@@ -23,6 +23,26 @@ def alignment(matrix: np.ndarray, src: list[str], tgt: list[str], path: Path, ti
     plt.close(fig)
 
 
+def head_grid(heads: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str) -> None:
+    """Encoder-decoder attention of every layer (rows) and head (columns), plus their mean (last
+    column): heads [T,L,H,S], rows of each panel = target tokens, columns = source tokens."""
+    steps, layers, n_heads, _ = heads.shape
+    cols = n_heads + 1
+    fig, axes = plt.subplots(layers, cols, squeeze=False,
+                             figsize=(cols * max(2.2, 0.22 * len(src) + 1), layers * max(2.0, 0.2 * steps + 1)))
+    for layer in range(layers):
+        panels = [heads[:, layer, h] for h in range(n_heads)] + [heads[:, layer].mean(1)]  # [T,S] each
+        for h, (ax, img) in enumerate(zip(axes[layer], panels)):
+            ax.imshow(img, cmap="gray", vmin=0, vmax=1, aspect="auto")
+            ax.set_title(f"layer {layer + 1} " + (f"head {h + 1}" if h < n_heads else "mean"), fontsize=8)
+            ax.set_xticks(range(len(src)), src if layer == layers - 1 else [], rotation=70, fontsize=6)
+            ax.set_yticks(range(len(tgt)), tgt if h == 0 else [], fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def by_length(series: dict[str, list[float]], labels: list[str], path: Path, xlabel: str,
               ylabel: str, title: str) -> None:
     """One line per model over length buckets (Bahdanau Fig. 2 / NTM error vs length)."""

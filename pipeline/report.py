@@ -18,7 +18,11 @@ BAR = {True: "met", False: "not met", None: "none set"}
 
 
 def report(task: str, root: Path = ROOT) -> str:
-    rows = [json.loads(p.read_text()) for p in sorted((root / "results" / task).glob("*.json"))]
+    folder = root / "results" / task
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if not p.name.endswith(".latency.json")]
+    for r in rows:  # export@<model> times the inference loop once parity passed
+        timing = folder / f"{r['model']}.latency.json"
+        r["latency"] = json.loads(timing.read_text())["total"] if timing.exists() else {}
     out = root / "reports"
     out.mkdir(exist_ok=True)
     if not rows:
@@ -27,12 +31,16 @@ def report(task: str, root: Path = ROOT) -> str:
         return text
     heads = sorted({k for r in rows for k in r["headline"]})
     lines = [f"# {task}: model comparison", "",
-             "| model | arch | " + " | ".join(heads) + " | parameters | train s | bar |",
-             "|---|---|" + "---|" * len(heads) + "---|---|---|"]
+             "| model | arch | " + " | ".join(heads) + " | parameters | train s | ORT ms | PyTorch ms | bar |",
+             "|---|---|" + "---|" * len(heads) + "---|---|---|---|---|"]
     for r in rows:
         vals = " | ".join(str(r["headline"].get(h, "")) for h in heads)
+        ort, torch_ms = (r["latency"].get(k, "—") for k in ("onnxruntime_ms", "pytorch_ms"))
         lines.append(f"| {r['model']} | {r['arch']} | {vals} | {r['parameters']:,} | "
-                     f"{r['train_seconds']} | {BAR[r['bar_passed']]} |")
+                     f"{r['train_seconds']} | {ort} | {torch_ms} | {BAR[r['bar_passed']]} |")
+    lines += ["", "ORT / PyTorch ms: the whole inference loop (onnxruntime on the CPU execution provider vs "
+              "`model.predict`) over the parity cases of `export@<model>`, the median of 5 runs each, "
+              "summed (`results/<task>/<model>.latency.json`); — where the export predates the timing."]
     spec = rows[0]["by_length"]
     lines += ["", f"## {spec['metric']} by {spec['xlabel']}", "",
               "| model | " + " | ".join(spec["labels"]) + " |", "|---|" + "---|" * len(spec["labels"])]

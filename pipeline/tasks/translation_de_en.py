@@ -267,16 +267,38 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     metrics["bleu_by_length"] = buckets
     metrics["examples"] = [{"src": items[i]["src_text"], "ref": refs[i], "beam": hyp_beam[i], "greedy": hyp_greedy[i]}
                            for i in range(min(8, len(items)))]
-    if cfg.attention != "none":
+    if hasattr(model, "decode_uncached"):
+        metrics["cache_check"] = cache_check(model, task, items)
+    if getattr(cfg, "attention", None) != "none":  # the RNNencdec ablation has no alignment
         for n, i in enumerate(sorted(range(len(items)), key=lambda i: len(items[i]["src"]))[len(items) // 2 :][:4]):
             src_tok = [sp["de"].id_to_piece(t) for t in items[i]["src"]]
             tgt_tok = [sp["en"].id_to_piece(t) for t in beam_out[i]["tokens"].tolist()] + ["</s>"]
             P.alignment(beam_out[i]["attention"], src_tok, tgt_tok, plots / f"alignment_{n}.png",
                         f"{run.name}: {hyp_beam[i][:60]}")
+            greedy = model.predict(task.collate([items[i]]))
+            if "attention_heads" in greedy:  # Transformer: every layer and head (greedy decode)
+                steps = int(greedy["lengths"][0]) + 1  # the emitted pieces and the EOS step
+                tgt_tok = [sp["en"].id_to_piece(t) for t in greedy["tokens"][0, : steps - 1].tolist()] + ["</s>"]
+                P.head_grid(greedy["attention_heads"][0, :steps].numpy(), src_tok, tgt_tok,
+                            plots / f"heads_{n}.png", f"{run.name}: {hyp_greedy[i][:60]}")
     row = {"headline": {"bleu_beam": metrics["bleu_beam"], "bleu_greedy": metrics["bleu_greedy"]},
            "by_length": {"metric": "BLEU (beam)", "xlabel": "source sentence length (words)",
                          "labels": [b["bucket"] for b in buckets], "values": [b["bleu"] for b in buckets]}}
     return metrics, row
+
+
+def cache_check(model, task, items: list[dict]) -> dict:
+    """Greedy decoding with the key/value cache (``predict``) against re-running the whole prefix
+    (``decode_uncached``) on every test sentence: tokens must be identical."""
+    same, worst = 0, 0.0
+    for start in range(0, len(items), 64):
+        batch = task.collate(items[start : start + 64])
+        cached, full = model.predict(batch), model.decode_uncached(batch)
+        if cached["tokens"].shape == full["tokens"].shape:  # else some row differs: none counted
+            same += int((cached["tokens"] == full["tokens"]).all(dim=1).sum())
+            worst = max(worst, float((cached["log_probs"] - full["log_probs"]).abs().max()))
+    return {"sentences": len(items), "identical_tokens": same, "max_log_prob_diff": worst,
+            "passed": same == len(items)}
 
 
 def translation_parity_batches(data_dir: Path) -> list[tuple[str, dict]]:

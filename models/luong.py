@@ -1,0 +1,222 @@
+"""Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine
+Translation" (arXiv:1508.04025).
+
+Stacked LSTM encoder and decoder. At step t the top decoder state h_t attends over the encoder
+states h̄_s (global: all of them; local: a window around p_t), giving the context c_t and the
+attentional hidden state h̃_t = tanh(W_c[c_t; h_t]) (eq. 5), from which p(y_t) = softmax(W_s h̃_t)
+(eq. 6). Input feeding (§3.3): h̃_{t-1} is concatenated with the input embedding at step t.
+Scores (eq. 8, ``models.layers.LuongAttention``): dot | general | concat. Positions:
+``global``; ``local_m`` (p_t = t); ``local_p`` (p_t = S·σ(v_pᵀ tanh(W_p h_t)), eq. 9, S the
+source length), both with a Gaussian window of σ = D/2 (eq. 10).
+
+Departure: the decoder starts from the encoder's top-to-bottom hidden states at the last real
+source token with zero cells (the padded batch runs through ``nn.LSTM``, which does not expose
+per-position cell states; packed sequences do not export with dynamic lengths).
+
+Dimension legend
+    B batch, S source length, T target length, E embedding, D hidden (encoder = decoder),
+    L layers, A concat-score attention size, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import ExportSpec, register
+from models.layers import LuongAttention, local_window
+
+
+@dataclass
+class LuongConfig:
+    src_vocab: int = 4000
+    tgt_vocab: int = 4000
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    emb_dim: int = 256
+    hidden: int = 256
+    layers: int = 2
+    attn_dim: int = 256  # concat score only
+    score: str = "general"  # dot | general | concat
+    attention: str = "global"  # global | local_m | local_p
+    window: int = 10  # D: the local window is [p_t - D, p_t + D], σ = D/2
+    dropout: float = 0.2
+    label_smoothing: float = 0.1
+    max_len: int = 60  # decoding limit in target tokens
+
+
+@register("luong", LuongConfig)
+class Luong(nn.Module):
+    def __init__(self, cfg: LuongConfig):
+        super().__init__()
+        if cfg.attention not in ("global", "local_m", "local_p"):
+            raise ValueError(f"attention must be global, local_m or local_p, got '{cfg.attention}'")
+        self.cfg = cfg
+        d = cfg.hidden
+        self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
+        # One LSTM per layer: each layer's state at the last real token seeds that decoder layer.
+        self.encoder = nn.ModuleList(nn.LSTM(cfg.emb_dim if i == 0 else d, d, batch_first=True)
+                                     for i in range(cfg.layers))
+        self.decoder = nn.ModuleList(nn.LSTMCell(cfg.emb_dim + d if i == 0 else d, d)
+                                     for i in range(cfg.layers))
+        self.attention = LuongAttention(cfg.score, d, cfg.attn_dim)
+        if cfg.attention == "local_p":
+            self.position = nn.Sequential(nn.Linear(d, d, bias=False), nn.Tanh(), nn.Linear(d, 1, bias=False))
+        self.combine = nn.Linear(2 * d, d, bias=False)  # W_c
+        self.out_proj = nn.Linear(d, cfg.tgt_vocab)  # W_s
+        self.drop = nn.Dropout(cfg.dropout)
+
+    # ---- encoder ---------------------------------------------------------------------------
+    def encode(self, src: Tensor, src_len: Tensor) -> dict[str, Tensor]:
+        """src [B,S] int64, src_len [B] -> memory h̄ [B,S,D], keys [B,S,D|A], mask [B,S], and the
+        decoder's initial carried state: h, c [B,L,D], feed h̃_0 [B,D], pos t [B]."""
+        steps = torch.arange(src.shape[1], device=src.device).unsqueeze(0)  # [1,S]
+        mask = (steps < src_len.unsqueeze(1)).float()  # [B,S]
+        x = self.drop(self.src_embed(src))  # [B,S,E]
+        last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, self.cfg.hidden)  # [B,1,D]
+        finals = []
+        for i, lstm in enumerate(self.encoder):
+            x, _ = lstm(x)  # [B,S,D]
+            finals.append(x.gather(1, last).squeeze(1))  # [B,D]: the state after the last real token
+            if i + 1 < len(self.encoder):
+                x = self.drop(x)
+        h = torch.stack(finals, dim=1)  # L x [B,D] -> [B,L,D]
+        zeros = torch.zeros_like(finals[0])  # [B,D]
+        return {"memory": x, "keys": self.attention.project_keys(x), "mask": mask,
+                "h": h, "c": torch.zeros_like(h), "feed": zeros, "pos": zeros[:, 0]}
+
+    # ---- one decoder step ------------------------------------------------------------------
+    def step(self, y_prev: Tensor, h: Tensor, c: Tensor, feed: Tensor, pos: Tensor, memory: Tensor,
+             keys: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """y_prev [B], carried h/c [B,L,D], feed [B,D], pos [B] ->
+        (logits [B,V], alignment a_t [B,S], new h, c, feed h̃_t, pos t+1, position p_t [B])."""
+        x = torch.cat([self.drop(self.tgt_embed(y_prev)), feed], dim=-1)  # [B,E+D] input feeding
+        hs, cs = [], []
+        for i, cell in enumerate(self.decoder):
+            hi, ci = cell(x, (h[:, i], c[:, i]))  # [B,D] each
+            hs.append(hi)
+            cs.append(ci)
+            x = self.drop(hi)
+        top = hs[-1]  # h_t [B,D]
+        scores = self.attention.score(top, keys, mask)  # [B,S]
+        src_len = mask.sum(-1)  # [B]
+        if self.cfg.attention == "global":
+            center = pos  # unused
+            align = torch.softmax(scores, dim=-1)
+        else:
+            if self.cfg.attention == "local_m":  # monotonic: p_t = t, kept inside the sentence
+                center = torch.minimum(pos, src_len - 1)
+            else:
+                center = src_len * torch.sigmoid(self.position(top)).squeeze(-1)  # [B,1] -> [B]
+            align = local_window(scores, center, self.cfg.window)
+        context = torch.bmm(align.unsqueeze(1), memory).squeeze(1)  # [B,1,S]x[B,S,D] -> [B,D]
+        attentional = torch.tanh(self.combine(torch.cat([context, top], dim=-1)))  # h̃_t [B,D]
+        logits = self.out_proj(self.drop(attentional))
+        return (logits, align, torch.stack(hs, 1), torch.stack(cs, 1),  # L x [B,D] -> [B,L,D]
+                attentional, pos + 1, center)
+
+    # ---- model contract --------------------------------------------------------------------
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Teacher-forced cross-entropy over target tokens (padding ignored)."""
+        enc = self.encode(batch["src"], batch["src_len"])
+        h, c, feed, pos = enc["h"], enc["c"], enc["feed"], enc["pos"]
+        logits = []
+        for t in range(batch["tgt_in"].shape[1]):
+            step_logits, _, h, c, feed, pos, _ = self.step(batch["tgt_in"][:, t], h, c, feed, pos,
+                                                           enc["memory"], enc["keys"], enc["mask"])
+            logits.append(step_logits)
+        logits = torch.stack(logits, dim=1)  # T x [B,V] -> [B,T,V]
+        target = batch["tgt_out"]  # [B,T]
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),  # [B*T,V]
+            target.reshape(-1),  # [B*T]
+            ignore_index=self.cfg.pad_id,
+            label_smoothing=self.cfg.label_smoothing if self.training else 0.0,
+        )
+        real = target != self.cfg.pad_id
+        acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
+        return loss, {"token_acc": acc.detach()}
+
+    @torch.no_grad()
+    def predict(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Greedy decoding.
+
+        Returns: tokens [B,T] (EOS-terminated, pad after), lengths [B] (without EOS),
+            attention [B,T,S] (a_t of each emitted token), positions [B,T] (p_t; local only).
+        """
+        enc = self.encode(batch["src"], batch["src_len"])
+        h, c, feed, pos = enc["h"], enc["c"], enc["feed"], enc["pos"]
+        bsz = batch["src"].shape[0]
+        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=h.device)
+        done = torch.zeros(bsz, dtype=torch.bool, device=h.device)
+        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=h.device)
+        tokens, aligns, centers = [], [], []
+        for t in range(self.cfg.max_len):
+            logits, align, h, c, feed, pos, center = self.step(y, h, c, feed, pos, enc["memory"],
+                                                               enc["keys"], enc["mask"])
+            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), logits.argmax(-1))
+            tokens.append(y)
+            aligns.append(align)
+            centers.append(center)
+            newly = (y == self.cfg.eos_id) & ~done
+            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
+            done = done | newly
+            if bool(done.all()):
+                break
+        out = {"tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
+               "lengths": lengths,
+               "attention": torch.stack(aligns, dim=1)}  # T x [B,S] -> [B,T,S]
+        if self.cfg.attention != "global":
+            out["positions"] = torch.stack(centers, dim=1)  # T x [B] -> [B,T]
+        return out
+
+    def export_graphs(self) -> dict[str, ExportSpec]:
+        """``encoder`` + ``decoder_step`` (seq2seq contract of ``serving.decode``)."""
+        src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+        src_len = torch.tensor([5, 3])
+        enc = self.encode(src, src_len)
+        bs, b = {0: "batch", 1: "src_len"}, {0: "batch"}
+        enc_names = ["memory", "keys", "mask", "h", "c", "feed", "pos"]
+        carried = ["h", "c", "feed", "pos"]
+        return {
+            "encoder": ExportSpec(
+                _Encoder(self, enc_names), (src, src_len), ["src", "src_len"], enc_names,
+                {"src": bs, "src_len": b, "memory": bs, "keys": bs, "mask": bs,
+                 **{n: b for n in carried}},
+            ),
+            "decoder_step": ExportSpec(
+                _DecoderStep(self),
+                (torch.tensor([1, 1]), *(enc[n] for n in carried), enc["memory"], enc["keys"], enc["mask"]),
+                ["y_prev", *carried, "memory", "keys", "mask"],
+                ["log_probs", "attention", *(f"new_{n}" for n in carried)],
+                # In input order: the exporter pairs these with the arguments by position.
+                {"y_prev": b, **{n: b for n in carried}, "memory": bs, "keys": bs, "mask": bs,
+                 "log_probs": b, "attention": bs, **{f"new_{n}": b for n in carried}},
+            ),
+        }
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model: Luong, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, src: Tensor, src_len: Tensor):
+        enc = self.model.encode(src, src_len)
+        return tuple(enc[n] for n in self.names)
+
+
+class _DecoderStep(nn.Module):
+    def __init__(self, model: Luong):
+        super().__init__()
+        self.model = model
+
+    def forward(self, y_prev, h, c, feed, pos, memory, keys, mask):
+        logits, align, h, c, feed, pos, _ = self.model.step(y_prev, h, c, feed, pos, memory, keys, mask)
+        # Log-probabilities: what greedy and beam search both consume.
+        return torch.log_softmax(logits, dim=-1), align, h, c, feed, pos
