@@ -121,9 +121,12 @@ class Transformer(nn.Module):
             # weights they start with logits of unit scale (fairseq's init).
             nn.init.normal_(emb.weight, std=cfg.dim**-0.5)
             nn.init.zeros_(emb.weight[cfg.pad_id])
-        self.out_proj = nn.Linear(cfg.dim, cfg.tgt_vocab)
         if cfg.tie_output:
-            self.out_proj.weight = self.tgt_embed.weight
+            # Logits reuse the embedding matrix through F.linear rather than a shared Parameter,
+            # so the state dict holds no aliased tensors (safetensors refuses those).
+            self.out_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab))
+        else:
+            self.out_proj = nn.Linear(cfg.dim, cfg.tgt_vocab)
         self.drop = nn.Dropout(cfg.dropout)
 
     def embed(self, embedding: nn.Embedding, tokens: Tensor, start: Tensor | int = 0) -> Tensor:
@@ -170,7 +173,8 @@ class Transformer(nn.Module):
             weights.append(w)
             ks.append(k)
             vs.append(v)
-        logits = self.out_proj(self.dec_norm(x))  # [B,T,V]
+        x = self.dec_norm(x)
+        logits = F.linear(x, self.tgt_embed.weight, self.out_bias) if self.cfg.tie_output else self.out_proj(x)
         attn = torch.stack(weights, dim=1) if need_weights else None  # L x [B,H,T,S] -> [B,L,H,T,S]
         return logits, attn, torch.stack(ks, dim=1), torch.stack(vs, dim=1)  # L x [B,H,P+T,K] -> [B,L,...]
 

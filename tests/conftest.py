@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = {
     "bahdanau": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, enc_hidden=16, dec_hidden=16,
                      attn_dim=16, maxout_dim=8, dropout=0.0, label_smoothing=0.0, max_len=12),
+    # No score/attention here: the smoke test merges TINY into each params entry, whose variant stays.
+    "luong": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, hidden=16, layers=2, attn_dim=16, window=2,
+                  dropout=0.0, label_smoothing=0.0, max_len=12),
+    "transformer": dict(src_vocab=30, tgt_vocab=32, dim=16, heads=2, ff_dim=32, enc_layers=2, dec_layers=2,
+                        dropout=0.0, label_smoothing=0.0, max_len=12),
     "ntm": dict(input_size=5, output_size=4, controller_size=24, memory_size=12, word_size=6),
     "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=20),
     "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
@@ -24,10 +29,13 @@ TINY = {
 }
 
 
+SEQ2SEQ = ("bahdanau", "luong", "transformer")  # translation batches: src, src_len, tgt_in, tgt_out
+
+
 def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tensor]:
     """A deterministic batch in the format the model's task produces."""
     g = torch.Generator().manual_seed(seed)
-    if arch == "bahdanau":
+    if arch in SEQ2SEQ:
         cfg = TINY[arch]
         src_len = torch.tensor([6, 4, 2][:batch])
         src = torch.randint(4, cfg["src_vocab"], (batch, 6), generator=g)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.testing import assert_close
 
-from models.layers import AdditiveAttention, act_halting, circular_shift, cosine_content_weights, ntm_address
+from models.layers import (
+    AdditiveAttention,
+    LuongAttention,
+    MultiHeadAttention,
+    act_halting,
+    circular_shift,
+    cosine_content_weights,
+    dot_scores,
+    local_window,
+    ntm_address,
+)
 
 
 def test_additive_attention_matches_formula():
@@ -96,3 +107,70 @@ def test_act_halting_distribution_and_remainder():
     _, n, r = act_halting(h, eps=0.01, force_last=True)
     (n + r).sum().backward()
     assert_close(h.grad, torch.tensor([[-1.0, -1.0, 0.0, 0.0]]))
+
+
+def test_luong_scores_match_eq_8():
+    torch.manual_seed(0)
+    h, keys = torch.randn(2, 4), torch.randn(2, 5, 4)  # h_t [B,D], h̄_s [B,S,D]
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.float)
+    dot = LuongAttention("dot", 4, 3)
+    assert_close(dot.score(h, dot.project_keys(keys), mask)[0], (keys[0] @ h[0]))
+    general = LuongAttention("general", 4, 3)
+    expected = torch.einsum("bd,de,bse->bs", h, general.weight.weight, keys)  # h_tᵀ W_a h̄_s
+    got = general.score(h, general.project_keys(keys), mask)
+    assert_close(got[0], expected[0])
+    assert_close(got[1, :2], expected[1, :2])
+    assert bool((got[1, 2:] <= -1e8).all())
+    concat = LuongAttention("concat", 4, 3)  # v_aᵀ tanh(W_a[h_t; h̄_s]), W_a = [W_1 W_2]
+    a = concat.additive
+    expected = (torch.tanh(h.unsqueeze(1) @ a.query.weight.T + keys @ a.key.weight.T + a.key.bias)
+                @ a.v.weight.T).squeeze(-1)
+    assert_close(concat.score(h, concat.project_keys(keys), mask)[0], expected[0])
+    with pytest.raises(ValueError, match="score must be one of"):
+        LuongAttention("cosine", 4, 3)
+
+
+def test_local_window_is_a_windowed_softmax_times_a_gaussian():
+    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, -1e9]])  # last position is padding
+    center, width = torch.tensor([2.0]), 2
+    w = local_window(scores, center, width)
+    inside = torch.softmax(torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]), -1)  # positions 0..4
+    gauss = torch.exp(-torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0]) ** 2 / (2 * 1.0**2))  # σ = D/2 = 1
+    assert_close(w[0, :5], inside * gauss)
+    assert_close(w[0, 5:], torch.zeros(2))  # beyond p_t + D, and padding
+    assert_close(w[0, 2], inside[2])  # the Gaussian is 1 at p_t
+
+
+def test_dot_scores_scale_and_mask():
+    q, k = torch.tensor([[[1.0, 2.0]]]), torch.tensor([[[3.0, 4.0], [1.0, 0.0]]])
+    out = dot_scores(q, k, torch.tensor([[[1, 0]]]), scale=0.5)
+    assert_close(out[0, 0, 0], torch.tensor(5.5))
+    assert float(out[0, 0, 1]) == -1e9
+
+
+def test_multi_head_attention_weights_path_equals_fused_path():
+    """need_weights computes softmax(QKᵀ/√d)V by hand; it must equal scaled_dot_product_attention,
+    with a padding mask, causally, and both."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(dim=8, heads=2).eval()
+    x, mem = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
+    pad = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    k, v = mha.project_kv(mem)
+    fused, none = mha.attend(x, k, v, pad)
+    explicit, weights = mha.attend(x, k, v, pad, need_weights=True)
+    assert none is None and weights.shape == (2, 2, 5, 6)
+    assert_close(fused, explicit)
+    assert_close(weights.sum(-1), torch.ones(2, 2, 5))
+    assert float(weights[1, :, :, 3:].abs().max()) == 0.0
+    k, v = mha.project_kv(x)
+    fused, _ = mha.attend(x, k, v, causal=True)
+    explicit, weights = mha.attend(x, k, v, causal=True, need_weights=True)
+    assert_close(fused, explicit)
+    assert float(weights.triu(1).abs().max()) == 0.0  # nothing attends to the future
+    self_pad = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)[:, None, None, :]
+    both, _ = mha.attend(x, k, v, self_pad, causal=True)
+    both_w, weights = mha.attend(x, k, v, self_pad, causal=True, need_weights=True)
+    assert_close(both, both_w)
+    assert float(weights[1, :, :, 4].abs().max()) == 0.0
+    # The first position attends only to itself: its output is W_o v_0.
+    assert_close(explicit[:, 0], mha.out(v[:, :, 0].reshape(2, -1)))  # [B,H,K] -> [B,D], heads in order

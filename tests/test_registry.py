@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.testing import assert_close
 
 import models
 from pipeline.export import export_onnx, parity_check
@@ -41,6 +42,19 @@ def test_forward_backward_and_shapes(arch):
         # each emitted token's alignment is a distribution over the real source positions
         assert torch.allclose(out["attention"].sum(-1), torch.ones(3, steps), atol=1e-5)
         assert float(out["attention"][2, :, 2:].abs().max()) == 0.0  # padding never attended
+    if arch in ("luong", "transformer"):
+        bsz, steps = out["tokens"].shape
+        assert out["attention"].shape == (3, steps, batch["src"].shape[1])
+        assert float(out["attention"][2, :, 2:].abs().max()) == 0.0  # padding never attended
+        assert torch.allclose(out["attention"].sum(-1), torch.ones(3, steps), atol=1e-5)  # global / averaged
+    if arch == "transformer":
+        heads = out["attention_heads"]  # [B,T,L,H,S]: every layer and head, each a distribution
+        assert heads.shape == (3, steps, 2, 2, batch["src"].shape[1])
+        assert torch.allclose(heads.sum(-1), torch.ones(heads.shape[:-1]), atol=1e-5)
+        assert torch.allclose(heads.mean(dim=(2, 3)), out["attention"])
+        uncached = model.decode_uncached(batch)
+        assert torch.equal(uncached["tokens"], out["tokens"])
+        assert torch.allclose(uncached["log_probs"], out["log_probs"], atol=1e-5)
     if arch == "ntm":
         steps = batch["x"].shape[1]
         assert out["bits"].shape == batch["y"].shape
@@ -114,3 +128,43 @@ def test_config_dataclasses_are_typed():
         assert dataclasses.is_dataclass(entry.config_cls)
         for f in dataclasses.fields(entry.config_cls):
             assert f.type is not None
+
+
+@pytest.mark.parametrize("score,attention", [("dot", "global"), ("concat", "local_m"), ("general", "local_p")])
+def test_luong_variants_export_with_parity(score, attention, tmp_path):
+    """Every score and every position mode is a configuration of one model; each exports."""
+    torch.manual_seed(0)
+    model = models.build("luong", {**TINY["luong"], "score": score, "attention": attention}).eval()
+    export_onnx(model, tmp_path)
+    cases = [(f"batch {b}", tiny_batch("luong", seed=b, batch=b)) for b in (1, 3)]
+    report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    assert report["passed"], report
+    out = model.predict(tiny_batch("luong"))
+    if attention == "global":
+        assert torch.allclose(out["attention"].sum(-1), torch.ones(out["attention"].shape[:2]), atol=1e-5)
+    else:
+        # Local: the window's softmax times a Gaussian (σ = D/2) around p_t; nothing beyond D.
+        pos = out["positions"]  # [B,T]
+        offset = torch.arange(out["attention"].shape[2]).view(1, 1, -1) - pos.unsqueeze(-1)  # [B,T,S]
+        assert float(out["attention"][offset.abs() > TINY["luong"]["window"]].abs().max()) == 0.0
+        assert bool((out["attention"].sum(-1) <= 1 + 1e-6).all())
+        lengths = tiny_batch("luong")["src_len"].view(-1, 1).float()
+        assert bool(((pos >= 0) & (pos <= lengths)).all())  # p_t in [0, S]
+
+
+def test_checkpoint_round_trip(arch, tmp_path):
+    """Every model saves as safetensors (no aliased tensors) and loads back to the same outputs."""
+    from pathlib import Path
+
+    from pipeline.checkpoint import load_model, save
+    from pipeline.config import RunConfig, TrainConfig
+
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch]).eval()
+    run = RunConfig(name=arch, arch=arch, task="t", model=TINY[arch], train=TrainConfig(),
+                    data_dir=Path(tmp_path), run_dir=Path(tmp_path))
+    save(tmp_path / "best", model, run)
+    loaded, config = load_model(tmp_path / "best")
+    assert config["model"] == TINY[arch]
+    batch = tiny_batch(arch)
+    assert_close(loaded.loss(batch)[0], model.loss(batch)[0])

@@ -28,6 +28,7 @@ from pipeline.publish import serving_meta, write_version
 from pipeline.tasks.copy import CopyTask
 from serving.client import Client, ServerError
 from serving.decode import beam_search
+from serving.repository import Repository
 from tests.conftest import ROOT, TINY
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
@@ -74,6 +75,16 @@ def published(tmp_path_factory):
     seq = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
     _publish(repo, "bahdanau", "bahdanau", "translation_de_en", seq, work,
              [work / "spm.de.model", work / "spm.en.model"])
+    # The other seq2seq models run through the same server loop: Luong's carried LSTM state and
+    # input feeding (local-p), the Transformer's growing key/value cache (empty at the start).
+    seq2seq = {"bahdanau": seq}
+    for seed, (name, extra) in enumerate([("luong", {"score": "general", "attention": "local_p"}),
+                                          ("transformer", {})], start=10):
+        torch.manual_seed(seed)
+        seq2seq[name] = models.build(name, {**TINY[name], **extra, "src_vocab": sizes["de"],
+                                            "tgt_vocab": sizes["en"]}).eval()
+        _publish(repo, name, name, "translation_de_en", seq2seq[name], work,
+                 [work / "spm.de.model", work / "spm.en.model"])
     ntms = []
     for seed in (1, 2):
         torch.manual_seed(seed)
@@ -88,7 +99,7 @@ def published(tmp_path_factory):
     torch.manual_seed(5)
     programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
     _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
-    return SimpleNamespace(repo=repo, seq=seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act,
+    return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act,
                            programmer=programmer, work=work)
 
 
@@ -167,14 +178,15 @@ def _sp(server, side):
     return spm.SentencePieceProcessor(model_file=str(server.published.work / f"spm.{side}.model"))
 
 
-def test_translation_matches_pytorch_greedy_and_beam(server):
-    model, de, en = server.published.seq, _sp(server, "de"), _sp(server, "en")
+@pytest.mark.parametrize("name", ["bahdanau", "luong", "transformer"])
+def test_translation_matches_pytorch_greedy_and_beam(server, name):
+    model, de, en = server.published.seq2seq[name], _sp(server, "de"), _sp(server, "en")
     srcs = [de.encode(t) + [2] for t in TEXTS]
     width = max(map(len, srcs))
     batch = {"src": torch.tensor([s + [0] * (width - len(s)) for s in srcs]),  # [N,S] right-padded
              "src_len": torch.tensor([len(s) for s in srcs])}
     expected = model.predict(batch)  # PyTorch eager greedy decoding
-    got = server.client.translate("bahdanau", TEXTS, "greedy")
+    got = server.client.translate(name, TEXTS, "greedy")
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
     for i, res in enumerate(got):
@@ -184,10 +196,11 @@ def test_translation_matches_pytorch_greedy_and_beam(server):
         assert res["target_pieces"][: len(tokens)] == [en.id_to_piece(t) for t in tokens]
         ref = expected["attention"][i, : len(res["target_pieces"]), : len(srcs[i])].numpy()
         np.testing.assert_allclose(res["attention"], ref, atol=1e-5)
-        np.testing.assert_allclose(res["attention"].sum(-1), 1.0, atol=1e-5)
-    for text, res in zip(TEXTS, server.client.translate("bahdanau", TEXTS, "beam")):
+        if name != "luong":  # local-p weights are a window's softmax times a Gaussian: sums below 1
+            np.testing.assert_allclose(res["attention"].sum(-1), 1.0, atol=1e-5)
+    for text, res in zip(TEXTS, server.client.translate(name, TEXTS, "beam")):
         src = np.array([de.encode(text) + [2]], dtype=np.int64)
-        ref = beam_search(enc, step, src, np.array([src.shape[1]]), 1, 2, TINY["bahdanau"]["max_len"], beam=3)
+        ref = beam_search(enc, step, src, np.array([src.shape[1]]), 1, 2, TINY[name]["max_len"], beam=3)
         assert res["translation"] == en.decode(ref["tokens"].tolist())
         np.testing.assert_allclose(res["attention"], ref["attention"], atol=1e-5)
 
@@ -517,9 +530,10 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
                                  "--port", str(port), "--workers", "2"], cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log_file, stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
+    line = f"serving {len(Repository(published.repo, 'cpu').models)} model(s)"  # what each worker logs
     try:
         for _ in range(600):  # both workers up, each with its own ONNX Runtime sessions
-            if log_path.read_text().count("serving 13 model(s)") == 2 and client.ready() or proc.poll() is not None:
+            if log_path.read_text().count(line) == 2 and client.ready() or proc.poll() is not None:
                 break
             time.sleep(0.1)
         x = np.zeros((1, 2, 5), np.float32)
@@ -533,4 +547,4 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
         proc.terminate()
         proc.wait(timeout=30)
     log = log_path.read_text()
-    assert log.count("serving 13 model(s)") == 2 and "Traceback" not in log, log[-3000:]
+    assert log.count(line) == 2 and "Traceback" not in log, log[-3000:]
