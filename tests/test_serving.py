@@ -99,8 +99,8 @@ def published(tmp_path_factory):
     torch.manual_seed(5)
     programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
     _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
-    return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer, act=act,
-                           programmer=programmer, work=work)
+    return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
+                           act=act, programmer=programmer, work=work)
 
 
 def _free_port() -> int:
