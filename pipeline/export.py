@@ -5,7 +5,8 @@ onnxruntime against PyTorch
   1. per graph, on the inputs each graph really sees while the model decodes real test samples,
      over a grid of batch sizes and sequence lengths (feeds recorded from the PyTorch run);
   2. end to end: the onnxruntime decoding loop (``serving.decode``) against ``model.predict``:
-     integer outputs (tokens) must be identical, float outputs within tolerance.
+     integer outputs (tokens) must be identical, float outputs within tolerance; models with a
+     decoder cache (``decode_uncached``) must also give the same tokens without it.
 Tolerances (atol/rtol, per output if given) come from ``params.yaml`` ``models.<name>.parity``;
 ``parity.e2e`` may set looser atol/rtol for float outputs of the whole loop, where a recurrent
 model carries per-step float32 rounding through many steps. Integer outputs (tokens) and decisions
@@ -145,6 +146,9 @@ def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: d
             if key == "logits":  # decisions (bits / argmax) must agree exactly
                 same = (expected[key] > 0) == (actual[key] > 0)
                 case["e2e"]["decisions"] = {"passed": bool(same.all()), "mismatches": int((~same).sum())}
+        if hasattr(model, "decode_uncached"):  # a key/value cache must not change a single token
+            full = model.decode_uncached(batch)["tokens"].numpy()
+            case["e2e"]["uncached_tokens"] = compare("tokens", expected["tokens"], full, parity)
         if not case["e2e"]:
             case["e2e"]["error"] = {"passed": False, "error": "no common output between predict and the loop"}
         ok = all(r["passed"] for g in case["graphs"].values() for r in g["outputs"].values())
