@@ -36,6 +36,20 @@ class ExportSpec:
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
+class EncoderGraph(nn.Module):
+    """``model.encode(src, src_len)``, which returns a dict, as an export graph returning the
+    dict's ``names`` in order (ONNX outputs are positional; the exporter reads the argument names
+    from this signature). The model is a registered submodule, so its weights stay parameters."""
+
+    def __init__(self, model: nn.Module, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model.encode(src, src_len)
+        return tuple(out[n] for n in self.names)
+
+
 @dataclass
 class Entry:
     name: str

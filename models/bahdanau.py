@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import ExportSpec, register
-from models.layers import AdditiveAttention
+from models.layers import AdditiveAttention, token_loss
 
 
 @dataclass
@@ -126,17 +125,9 @@ class Bahdanau(nn.Module):
             step_logits, state, _ = self.step(batch["tgt_in"][:, t], state, memory, keys, mask)
             logits.append(step_logits)
         logits = torch.stack(logits, dim=1)  # T x [B,V] -> [B,T,V]
-        target = batch["tgt_out"]  # [B,T]
-        flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*T,V]
-        loss = F.cross_entropy(
-            flat_logits,
-            target.reshape(-1),  # [B*T]
-            ignore_index=self.cfg.pad_id,
-            label_smoothing=self.cfg.label_smoothing if self.training else 0.0,
-        )
-        real = target != self.cfg.pad_id
-        acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
-        return loss, {"token_acc": acc.detach()}
+        smoothing = self.cfg.label_smoothing if self.training else 0.0
+        loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
+        return loss, {"token_acc": acc}
 
     @torch.no_grad()
     def predict(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -105,6 +105,23 @@ def ntm_address(
     return torch.softmax(gamma * torch.log(shifted + eps), dim=-1)
 
 
+def token_loss(logits: Tensor, target: Tensor, pad_id: int, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """Teacher-forced sequence objective: cross-entropy over the real target tokens (padding
+    ignored), label-smoothed as given, and token accuracy for the logs.
+
+    Args: logits [B,T,V], target [B,T]. Returns: loss (scalar), accuracy (scalar, detached).
+    """
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),  # [B*T,V]
+        target.reshape(-1),  # [B*T]
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+    )
+    real = target != pad_id
+    acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
+    return loss, acc.detach()
+
+
 def split_sizes(tensor: Tensor, sizes: list[int]) -> list[Tensor]:
     """Split the last dim of ``tensor`` into consecutive chunks of ``sizes``."""
     return list(torch.split(tensor, sizes, dim=-1))

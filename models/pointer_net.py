@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import EncoderGraph, ExportSpec, register
 from models.layers import AdditiveAttention
 
 
@@ -165,23 +165,13 @@ class PointerNet(nn.Module):
         step_axes = {"y_prev": b, "h": b, "c": b, "new_h": b, "new_c": b, "log_probs": bs,
                      "attention": bs, "new_mask": bs, **{n: bs for n in ["mask"] + static}}
         return {
-            "encoder": ExportSpec(_Encoder(self, carried + static), (src, src_len), ["src", "src_len"],
+            "encoder": ExportSpec(EncoderGraph(self, carried + static), (src, src_len), ["src", "src_len"],
                                   carried + static, enc_axes),
             "decoder_step": ExportSpec(
                 _DecoderStep(self), (torch.tensor([0, 0]), *(enc[n] for n in carried + static)),
                 ["y_prev"] + carried + static, ["log_probs", "new_h", "new_c", "new_mask", "attention"],
                 step_axes),
         }
-
-
-class _Encoder(nn.Module):
-    def __init__(self, model: PointerNet, names: list[str]):
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, src: Tensor, src_len: Tensor):
-        out = self.model.encode(src, src_len)
-        return tuple(out[n] for n in self.names)
 
 
 class _DecoderStep(nn.Module):

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
-from models.layers import MultiHeadAttention
+from models import EncoderGraph, ExportSpec, register
+from models.layers import MultiHeadAttention, token_loss
 
 
 @dataclass
@@ -190,16 +190,9 @@ class Transformer(nn.Module):
         """Teacher-forced, label-smoothed cross-entropy over target tokens (padding ignored)."""
         enc = self.encode(batch["src"], batch["src_len"])
         logits, _, _, _ = self.decode(batch["tgt_in"], enc)  # [B,T,V]
-        target = batch["tgt_out"]  # [B,T]
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),  # [B*T,V]
-            target.reshape(-1),  # [B*T]
-            ignore_index=self.cfg.pad_id,
-            label_smoothing=self.cfg.label_smoothing if self.training else 0.0,
-        )
-        real = target != self.cfg.pad_id
-        acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
-        return loss, {"token_acc": acc.detach()}
+        smoothing = self.cfg.label_smoothing if self.training else 0.0
+        loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
+        return loss, {"token_acc": acc}
 
     def _greedy(self, batch: dict[str, Tensor], cached: bool) -> dict[str, Tensor]:
         enc = self.encode(batch["src"], batch["src_len"])
@@ -263,7 +256,7 @@ class Transformer(nn.Module):
         names = ["memory", "mask", "cross_k", "cross_v", "self_k", "self_v"]
         return {
             "encoder": ExportSpec(
-                _Encoder(self, names), (src, src_len), ["src", "src_len"], names,
+                EncoderGraph(self, names), (src, src_len), ["src", "src_len"], names,
                 {"src": bs, "src_len": {0: "batch"}, "memory": bs, "mask": bs, "cross_k": cross,
                  "cross_v": cross, "self_k": {0: "batch"}, "self_v": {0: "batch"}},
             ),
@@ -278,16 +271,6 @@ class Transformer(nn.Module):
                  "new_self_k": {0: "batch", 3: "past_plus_1"}, "new_self_v": {0: "batch", 3: "past_plus_1"}},
             ),
         }
-
-
-class _Encoder(nn.Module):
-    def __init__(self, model: Transformer, names: list[str]):
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, src: Tensor, src_len: Tensor):
-        enc = self.model.encode(src, src_len)
-        return tuple(enc[n] for n in self.names)
 
 
 class _DecoderStep(nn.Module):
