@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from models import ExportSpec, register
-from models.layers import AdditiveAttention, token_loss
+from models.layers import AdditiveAttention, reverse_padded, token_loss
 
 
 @dataclass
@@ -38,18 +38,6 @@ class BahdanauConfig:
     label_smoothing: float = 0.1
     attention: str = "additive"  # additive | none (RNNencdec ablation)
     max_len: int = 60  # decoding limit in target tokens
-
-
-def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
-    """Reverse each sequence of x [B,S,F] within its own length; padding stays at the end.
-
-    Lets a plain forward GRU play the backward direction without packed sequences, which keeps
-    the encoder exportable with dynamic lengths. The permutation is its own inverse.
-    """
-    steps = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # [1,S]
-    last = (lengths - 1).unsqueeze(1)  # [B,1]
-    index = torch.where(steps <= last, last - steps, steps)  # [B,S]
-    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[2]))
 
 
 @register("bahdanau", BahdanauConfig)

@@ -55,6 +55,18 @@ class AdditiveAttention(nn.Module):
         return context, weights
 
 
+def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
+    """Reverse each sequence of x [B,S,F] within its own length; padding stays at the end.
+
+    Lets a plain forward GRU play the backward direction without packed sequences, which keeps
+    the encoder exportable with dynamic lengths. The permutation is its own inverse.
+    """
+    steps = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # [1,S]
+    last = (lengths - 1).unsqueeze(1)  # [B,1]
+    index = torch.where(steps <= last, last - steps, steps)  # [B,S]
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+
+
 def cosine_content_weights(memory: Tensor, key: Tensor, beta: Tensor, eps: float = 1e-8) -> Tensor:
     """NTM content addressing (Graves 2014, eqs. 5-6): softmax_i(β · cos(k, M_i)).
 

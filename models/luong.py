@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from models import EncoderGraph, ExportSpec, register
-from models.layers import LuongAttention, local_window, token_loss
+from models.layers import LuongAttention, local_window, reverse_padded, token_loss
 
 
 @dataclass
@@ -41,6 +41,10 @@ class LuongConfig:
     # One layer (the paper stacks 4 on WMT): on these 14k pairs a second layer learned slower,
     # validation loss 4.437 vs 4.269 after 669 steps (docs/results.md).
     layers: int = 1
+    # Paper: unidirectional. True: each encoder layer runs a forward and a backward LSTM of D/2
+    # units over the sentence and concatenates them (OpenNMT's "brnn"), so every h̄_s sees the
+    # whole sentence, not only the last one.
+    bidirectional: bool = False
     attn_dim: int = 256  # concat score only
     score: str = "general"  # dot | general | concat
     attention: str = "global"  # global | local_m | local_p
@@ -61,8 +65,13 @@ class Luong(nn.Module):
         self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
         # One LSTM per layer: each layer's state at the last real token seeds that decoder layer.
-        self.encoder = nn.ModuleList(nn.LSTM(cfg.emb_dim if i == 0 else d, d, batch_first=True)
-                                     for i in range(cfg.layers))
+        directions = 2 if cfg.bidirectional else 1
+        if d % directions:
+            raise ValueError(f"a bidirectional encoder needs an even hidden size, got {d}")
+        self.encoder = nn.ModuleList(
+            nn.ModuleList(nn.LSTM(cfg.emb_dim if i == 0 else d, d // directions, batch_first=True)
+                          for _ in range(directions))
+            for i in range(cfg.layers))
         self.decoder = nn.ModuleList(nn.LSTMCell(cfg.emb_dim + d if i == 0 else d, d)
                                      for i in range(cfg.layers))
         self.attention = LuongAttention(cfg.score, d, cfg.attn_dim)
@@ -79,11 +88,18 @@ class Luong(nn.Module):
         steps = torch.arange(src.shape[1], device=src.device).unsqueeze(0)  # [1,S]
         mask = (steps < src_len.unsqueeze(1)).float()  # [B,S]
         x = self.drop(self.src_embed(src))  # [B,S,E]
-        last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, self.cfg.hidden)  # [B,1,D]
+        width = self.cfg.hidden // len(self.encoder[0])  # D' = D per direction
+        last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, width)  # [B,1,D']
         finals = []
-        for i, lstm in enumerate(self.encoder):
-            x, _ = lstm(x)  # [B,S,D]
-            finals.append(x.gather(1, last).squeeze(1))  # [B,D]: the state after the last real token
+        for i, directions in enumerate(self.encoder):
+            fwd, _ = directions[0](x)  # [B,S,D']
+            final = fwd.gather(1, last).squeeze(1)  # [B,D']: the state after the last real token
+            if self.cfg.bidirectional:
+                # The backward LSTM reads each sentence reversed within its own length.
+                bwd = reverse_padded(directions[1](reverse_padded(x, src_len))[0], src_len)  # [B,S,D']
+                fwd, final = torch.cat([fwd, bwd], -1), torch.cat([final, bwd[:, 0]], -1)  # [B,S,D], [B,D]
+            x = fwd
+            finals.append(final)
             if i + 1 < len(self.encoder):
                 x = self.drop(x)
         h = torch.stack(finals, dim=1)  # L x [B,D] -> [B,L,D]

@@ -132,11 +132,13 @@ def test_config_dataclasses_are_typed():
             assert f.type is not None
 
 
-@pytest.mark.parametrize("score,attention", [("dot", "global"), ("concat", "local_m"), ("general", "local_p")])
-def test_luong_variants_export_with_parity(score, attention, tmp_path):
-    """Every score and every position mode is a configuration of one model; each exports."""
+@pytest.mark.parametrize("score,attention,bidirectional", [("dot", "global", False), ("concat", "local_m", True),
+                                                          ("general", "local_p", True)])
+def test_luong_variants_export_with_parity(score, attention, bidirectional, tmp_path):
+    """Every score, position mode and encoder is a configuration of one model; each exports."""
     torch.manual_seed(0)
-    model = models.build("luong", {**TINY["luong"], "score": score, "attention": attention}).eval()
+    model = models.build("luong", {**TINY["luong"], "score": score, "attention": attention,
+                                   "bidirectional": bidirectional}).eval()
     export_onnx(model, tmp_path)
     cases = [(f"batch {b}", tiny_batch("luong", seed=b, batch=b)) for b in (1, 3)]
     report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
@@ -170,3 +172,15 @@ def test_checkpoint_round_trip(arch, tmp_path):
     assert config["model"] == TINY[arch]
     batch = tiny_batch(arch)
     assert_close(loaded.loss(batch)[0], model.loss(batch)[0])
+
+
+def test_bidirectional_encoder_ignores_padding():
+    """The backward direction reads each sentence within its own length: a sentence encodes the
+    same alone and padded inside a batch."""
+    torch.manual_seed(0)
+    model = models.build("luong", {**TINY["luong"], "bidirectional": True}).eval()
+    batch = tiny_batch("luong")
+    alone = model.encode(batch["src"][2:, :2], batch["src_len"][2:])  # length 2, no padding
+    padded = model.encode(batch["src"], batch["src_len"])
+    assert_close(padded["memory"][2, :2], alone["memory"][0])
+    assert_close(padded["h"][2], alone["h"][0])
