@@ -192,11 +192,14 @@ class LuongAttention(nn.Module):
 
     SCORES = ("dot", "general", "concat")
 
-    def __init__(self, score: str, dim: int, attn_dim: int):
+    def __init__(self, score: str, dim: int, attn_dim: int, scaled: bool = False):
         super().__init__()
         if score not in self.SCORES:
             raise ValueError(f"score must be one of {self.SCORES}, got '{score}'")
         self.kind = score
+        # ``scaled``: dot/general energies divided by √D, as Vaswani et al. 2017 (§3.2.1) do
+        # because large dot products push the softmax into saturation, where it gets no gradient.
+        self.scale = dim**-0.5 if scaled else 1.0
         if score == "general":
             self.weight = nn.Linear(dim, dim, bias=False)
         elif score == "concat":
@@ -215,7 +218,7 @@ class LuongAttention(nn.Module):
         if self.kind == "concat":
             return self.additive.score(query, projected_keys, mask)
         # [B,1,D] x [B,S,D] -> [B,1,S] -> [B,S]
-        return dot_scores(query.unsqueeze(1), projected_keys, mask.unsqueeze(1)).squeeze(1)
+        return dot_scores(query.unsqueeze(1), projected_keys, mask.unsqueeze(1), self.scale).squeeze(1)
 
 
 def local_window(scores: Tensor, center: Tensor, half_width: int) -> Tensor:

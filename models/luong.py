@@ -9,7 +9,8 @@ Scores (eq. 8, ``models.layers.LuongAttention``): dot | general | concat. Positi
 ``global``; ``local_m`` (p_t = t); ``local_p`` (p_t = S·σ(v_pᵀ tanh(W_p h_t)), eq. 9, S the
 source length), both with a Gaussian window of σ = D/2 (eq. 10).
 
-Departure: the decoder starts from the encoder's top-to-bottom hidden states at the last real
+Departures: dot/general energies are divided by √D (``scaled``; unscaled, the softmax saturated
+on the sentence-final states in training and the model ignored the source). The decoder starts from the encoder's top-to-bottom hidden states at the last real
 source token with zero cells (the padded batch runs through ``nn.LSTM``, which does not expose
 per-position cell states; packed sequences do not export with dynamic lengths).
 
@@ -47,6 +48,10 @@ class LuongConfig:
     bidirectional: bool = False
     attn_dim: int = 256  # concat score only
     score: str = "general"  # dot | general | concat
+    # dot/general energies divided by √D (not in the paper). Unscaled, they grew until the softmax
+    # saturated on the sentence-final states and no alignment was learned: luong_general reached
+    # test BLEU 1.14, below the no-attention ablation (docs/results.md).
+    scaled: bool = True
     attention: str = "global"  # global | local_m | local_p
     window: int = 10  # D: the local window is [p_t - D, p_t + D], σ = D/2
     dropout: float = 0.2
@@ -74,7 +79,7 @@ class Luong(nn.Module):
             for i in range(cfg.layers))
         self.decoder = nn.ModuleList(nn.LSTMCell(cfg.emb_dim + d if i == 0 else d, d)
                                      for i in range(cfg.layers))
-        self.attention = LuongAttention(cfg.score, d, cfg.attn_dim)
+        self.attention = LuongAttention(cfg.score, d, cfg.attn_dim, cfg.scaled)
         if cfg.attention == "local_p":
             self.position = nn.Sequential(nn.Linear(d, d, bias=False), nn.Tanh(), nn.Linear(d, 1, bias=False))
         self.combine = nn.Linear(2 * d, d, bias=False)  # W_c

@@ -128,6 +128,14 @@ def test_luong_scores_match_eq_8():
     assert_close(concat.score(h, concat.project_keys(keys), mask)[0], expected[0])
     with pytest.raises(ValueError, match="score must be one of"):
         LuongAttention("cosine", 4, 3)
+    # scaled: dot/general energies divided by √D (√4 = 2); masked positions stay NEG_INF
+    for kind in ("dot", "general"):
+        plain, scaled = LuongAttention(kind, 4, 3), LuongAttention(kind, 4, 3, scaled=True)
+        scaled.load_state_dict(plain.state_dict())
+        e_plain = plain.score(h, plain.project_keys(keys), mask)
+        e_scaled = scaled.score(h, scaled.project_keys(keys), mask)
+        assert_close(e_scaled[0], e_plain[0] / 2)
+        assert bool((e_scaled[1, 2:] <= -1e8).all())
 
 
 def test_local_window_is_a_windowed_softmax_times_a_gaussian():
