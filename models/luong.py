@@ -9,10 +9,11 @@ Scores (eq. 8, ``models.layers.LuongAttention``): dot | general | concat. Positi
 ``global``; ``local_m`` (p_t = t); ``local_p`` (p_t = S·σ(v_pᵀ tanh(W_p h_t)), eq. 9, S the
 source length), both with a Gaussian window of σ = D/2 (eq. 10).
 
-Departures: dot/general energies are divided by √D (``scaled``; unscaled, the softmax saturated
-on the sentence-final states in training and the model ignored the source). The decoder starts from the encoder's top-to-bottom hidden states at the last real
-source token with zero cells (the padded batch runs through ``nn.LSTM``, which does not expose
-per-position cell states; packed sequences do not export with dynamic lengths).
+Departures: dot/general energies are divided by √D (``scaled``; unscaled, the softmax
+saturated on the sentence-final states in training and the model ignored the source). The
+decoder starts from the encoder's top-to-bottom hidden states at the last real source token with
+zero cells (the padded batch runs through ``nn.LSTM``, which does not expose per-position cell
+states; packed sequences do not export with dynamic lengths).
 
 Dimension legend
     B batch, S source length, T target length, E embedding, D hidden (encoder = decoder),
