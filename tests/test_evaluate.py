@@ -27,8 +27,12 @@ def test_report_tables_and_plot(tmp_path):
             "model": name, "arch": "bahdanau", "headline": {"bleu_beam": values[0]}, "parameters": 1234,
             "train_seconds": 5.0, "bar_passed": passed,
             "by_length": {"metric": "BLEU", "xlabel": "length", "labels": ["1-5", "6+"], "values": values}}))
+    # export@a timed its inference loop; b's export predates the timing
+    (rows / "a.latency.json").write_text(json.dumps({"cases": [], "total": {"pytorch_ms": 30.0,
+                                                                          "onnxruntime_ms": 12.5}}))
     text = report("t", root=tmp_path)
-    assert "| a | bahdanau | 20.0 | 1,234 | 5.0 | met |" in text
-    assert "| b | bahdanau | 18.0 | 1,234 | 5.0 | none set |" in text
+    assert "| a | bahdanau | 20.0 | 1,234 | 5.0 | 12.5 | 30.0 | met |" in text
+    assert "| b | bahdanau | 18.0 | 1,234 | 5.0 | — | — | none set |" in text
+    assert text.count("| bahdanau |") == 2  # the latency file is no row of its own
     assert "| b | 18.0 | 8.0 |" in text
     assert (tmp_path / "reports" / "t_by_length.png").stat().st_size > 1000
