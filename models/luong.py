@@ -47,6 +47,10 @@ class LuongConfig:
     # units over the sentence and concatenates them (OpenNMT's "brnn"), so every h̄_s sees the
     # whole sentence, not only the last one.
     bidirectional: bool = False
+    # Luong et al. Table 1 "+reverse" (after Sutskever et al. 2014): the encoder reads each
+    # sentence backwards. Its states are put back in source order, so alignments and p_t keep
+    # source positions; the decoder starts from the state that read the first word last.
+    reverse_source: bool = False
     attn_dim: int = 256  # concat score only
     score: str = "general"  # dot | general | concat
     # dot/general energies divided by √D (not in the paper). Unscaled, they grew until the softmax
@@ -72,6 +76,8 @@ class Luong(nn.Module):
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
         # One LSTM per layer: each layer's state at the last real token seeds that decoder layer.
         directions = 2 if cfg.bidirectional else 1
+        if cfg.bidirectional and cfg.reverse_source:
+            raise ValueError("reverse_source is for the unidirectional encoder (bidirectional reads both ways)")
         if d % directions:
             raise ValueError(f"a bidirectional encoder needs an even hidden size, got {d}")
         self.encoder = nn.ModuleList(
@@ -98,8 +104,12 @@ class Luong(nn.Module):
         last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, width)  # [B,1,D']
         finals = []
         for i, directions in enumerate(self.encoder):
-            fwd, _ = directions[0](x)  # [B,S,D']
-            final = fwd.gather(1, last).squeeze(1)  # [B,D']: the state after the last real token
+            if self.cfg.reverse_source:
+                fwd = reverse_padded(directions[0](reverse_padded(x, src_len))[0], src_len)  # [B,S,D']
+                final = fwd[:, 0]  # [B,D']: read last, the first word's state has seen the sentence
+            else:
+                fwd, _ = directions[0](x)  # [B,S,D']
+                final = fwd.gather(1, last).squeeze(1)  # [B,D']: the state after the last real token
             if self.cfg.bidirectional:
                 # The backward LSTM reads each sentence reversed within its own length.
                 bwd = reverse_padded(directions[1](reverse_padded(x, src_len))[0], src_len)  # [B,S,D']

