@@ -12,13 +12,16 @@ the gating scalar β_t = σ(f_β(h_{t-1})) scales the context ẑ_t (§4.2.1), t
 regulariser λ Σ_i (1 − Σ_t α_ti)² (eq. 14).
 ``attention: hard`` — ẑ_t = a_{s_t} with s_t ~ Multinoulli(α_t), trained with the sampling
 objective of eq. 12: the caption's log-likelihood under sampled locations, REINFORCE on the
-locations with reward log p(y|s) minus a moving-average baseline b ← 0.9 b + 0.1 log p(y|s),
+locations with reward log p(y|s) (per word) minus a moving-average baseline b ← 0.9 b + 0.1 log p(y|s),
 an entropy bonus λ_e H(α), and, for half of the images, s̃ set to its expectation α (§4.1).
-At inference hard attention takes the most probable location, so decoding is deterministic and
-the ONNX graph gives exactly the PyTorch result.
+At inference a hard-attention model uses the expected context (the authors' released sampler
+does the same) or, with ``hard_inference: argmax``, the most probable location; either way
+decoding is deterministic and the ONNX graph gives exactly the PyTorch result.
 
-Departure: the annotations carry the (x, y) centre of their cell (two extra channels). The task
-captions spatial relations ("left of"); a convolutional feature alone does not say where it is.
+Departures: the annotations carry the (x, y) centre of their cell (two extra channels): the task
+captions spatial relations ("left of") and a convolutional feature alone does not say where it
+is. The CNN is trained with the decoder, so the hard variant's REINFORCE and entropy terms are
+kept to f_att (decoder state and annotations detached there); the authors' CNN was fixed.
 
 Dimension legend
     B batch, H×W image, h×w feature grid, L = h·w regions, C CNN channels, D = C + 2 annotation
@@ -56,6 +59,9 @@ class ShowAttendTellConfig:
     entropy_weight: float = 0.01  # λ_e (hard)
     baseline_decay: float = 0.9  # b ← decay·b + (1 − decay)·log p(y|s) (hard)
     expected_fraction: float = 0.5  # images whose s̃ is set to its expectation α (hard)
+    # Hard attention at inference (and validation): the expected context Σ α a, as the authors'
+    # released sampler does (arctic-captions: sampling off), or the single most probable region.
+    hard_inference: str = "expectation"  # expectation | argmax
     max_len: int = 8  # decoding limit in words (EOS included)
 
 
@@ -65,6 +71,8 @@ class ShowAttendTell(nn.Module):
         super().__init__()
         if cfg.attention not in ("soft", "hard"):
             raise ValueError(f"attention must be 'soft' or 'hard', got '{cfg.attention}'")
+        if cfg.hard_inference not in ("expectation", "argmax"):
+            raise ValueError(f"hard_inference must be 'expectation' or 'argmax', got '{cfg.hard_inference}'")
         self.cfg = cfg
         layers, ch_in, size = [], 1, cfg.image_size
         for i in range(cfg.conv_layers):
@@ -117,8 +125,9 @@ class ShowAttendTell(nn.Module):
         return logits, h, c
 
     def context(self, alpha: Tensor, memory: Tensor) -> Tensor:
-        """Inference context [B,D]: the expectation (soft) or the most probable region (hard)."""
-        if self.cfg.attention == "soft":
+        """Inference context [B,D]: the expectation (soft; hard by default) or the most probable
+        region (hard, ``hard_inference: argmax``)."""
+        if self.cfg.attention == "soft" or self.cfg.hard_inference == "expectation":
             return torch.bmm(alpha.unsqueeze(1), memory).squeeze(1)  # [B,1,L] @ [B,L,D] -> [B,D]
         idx = alpha.argmax(dim=-1)  # [B]
         return memory.gather(1, idx.view(-1, 1, 1).expand(-1, 1, memory.shape[2])).squeeze(1)  # [B,1,D] -> [B,D]
@@ -136,7 +145,12 @@ class ShowAttendTell(nn.Module):
         hard = self.cfg.attention == "hard" and self.training
         if hard:  # per image: sample locations, or use their expectation (§4.1)
             sampled = torch.rand(memory.shape[0], device=memory.device) >= self.cfg.expected_fraction  # [B]
-        logits, alphas, log_pi = [], [], []
+            # The policy terms see the decoder state and the annotations detached: the noisy
+            # REINFORCE signal trains f_att only, not the CNN and LSTM that the likelihood trains
+            # (the authors' CNN features were fixed). With it reaching them, validation NLL rose
+            # after the first epoch (docs/results.md).
+            policy_keys = self.attention.project_keys(memory.detach())  # [B,L,A]
+        logits, alphas, log_pi, entropy = [], [], [], []
         for t in range(tgt_in.shape[1]):
             alpha = self.attend(h, keys)
             if hard:
@@ -144,8 +158,10 @@ class ShowAttendTell(nn.Module):
                 one_hot = torch.zeros_like(alpha).scatter_(1, s, 1.0)  # [B,L]
                 weights = torch.where(sampled.unsqueeze(1), one_hot, alpha)
                 context = torch.bmm(weights.unsqueeze(1), memory).squeeze(1)  # [B,1,D] -> [B,D]
-                log_pi.append(torch.log(alpha.gather(1, s).squeeze(1) + 1e-12))  # log p(s_t | a), [B]
-            else:  # soft, or hard at validation: the inference context (argmax region)
+                policy = self.attend(h.detach(), policy_keys)  # = alpha in value
+                log_pi.append(torch.log(policy.gather(1, s).squeeze(1) + 1e-12))  # log p(s_t | a), [B]
+                entropy.append(-(policy * torch.log(policy + 1e-12)).sum(-1))  # H(α_t), [B]
+            else:  # soft, or hard at validation: the inference context
                 context = self.context(alpha, memory)
             step_logits, h, c = self.advance(tgt_in[:, t], h, c, context)
             logits.append(step_logits)
@@ -160,16 +176,17 @@ class ShowAttendTell(nn.Module):
         logs = {"token_acc": acc, "nll": nll.detach(), "doubly_stochastic": doubly.detach()}
         if hard:
             tokens = real.sum()
-            log_py = -(F.cross_entropy(logits.transpose(1, 2), tgt_out, reduction="none") * real).sum(1)  # [B]
-            reward = log_py.detach()
+            token_ll = -F.cross_entropy(logits.transpose(1, 2), tgt_out, reduction="none")  # [B,T]
+            # Reward: the caption's mean token log-likelihood (arctic-captions' RL_sumCost), so
+            # long captions do not get larger updates than short ones.
+            reward = ((token_ll * real).sum(1) / real.sum(1)).detach()  # [B]
             if not bool(self.baseline_set) and bool(sampled.any()):  # start b at the first rewards, not 0
                 self.baseline.fill_(float(reward[sampled].mean()))
                 self.baseline_set.fill_(True)
             advantage = torch.where(sampled, reward - self.baseline, torch.zeros_like(reward))
-            log_pi = (torch.stack(log_pi, dim=1) * real).sum(1)  # Σ_t log p(s_t), [B]
-            entropy = -(alphas * torch.log(alphas + 1e-12)).sum(-1)  # H(α_t), [B,T]
-            entropy = (entropy * real).sum()
-            # eq. 12, summed per caption like the likelihood and divided by the same token count
+            log_pi = (torch.stack(log_pi, dim=1) * real).sum(1)  # T x [B] -> [B,T] -> Σ_t log p(s_t), [B]
+            entropy = (torch.stack(entropy, dim=1) * real).sum()  # T x [B] -> [B,T] -> Σ H(α_t)
+            # eq. 12: Σ_t log p(s_t) weighted by the caption's advantage, over the same token count as the likelihood
             loss = loss - (self.cfg.reinforce_weight * (advantage * log_pi).sum()
                            + self.cfg.entropy_weight * entropy) / tokens
             with torch.no_grad():

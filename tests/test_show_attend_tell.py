@@ -73,7 +73,7 @@ def test_doubly_stochastic_term_matches_eq_14():
 
 def test_hard_attention_objective():
     torch.manual_seed(0)
-    cfg = {**TINY["show_attend_tell"], "attention": "hard", "expected_fraction": 0.0}
+    cfg = {**TINY["show_attend_tell"], "attention": "hard", "expected_fraction": 0.0, "hard_inference": "argmax"}
     model = models.build("show_attend_tell", cfg).train()
     batch = tiny_batch("show_attend_tell")
     loss, logs = model.loss(batch)
@@ -93,14 +93,37 @@ def test_hard_attention_objective():
     assert torch.equal(ctx, memory[torch.arange(3), alpha.argmax(-1)])
     a, b = model.predict(batch), model.predict(batch)
     assert torch.equal(a["tokens"], b["tokens"])
+    model.cfg.hard_inference = "expectation"  # the authors' sampler: Σ α a, as soft attention
+    assert torch.allclose(model.context(alpha, memory), torch.bmm(alpha.unsqueeze(1), memory).squeeze(1))
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard"])
-def test_both_variants_export_with_parity(attention, tmp_path):
+@pytest.mark.parametrize("attention,inference", [("soft", "expectation"), ("hard", "argmax")])
+def test_both_variants_export_with_parity(attention, inference, tmp_path):
     torch.manual_seed(0)
-    model = models.build("show_attend_tell", {**TINY["show_attend_tell"], "attention": attention}).eval()
+    model = models.build("show_attend_tell", {**TINY["show_attend_tell"], "attention": attention,
+                                              "hard_inference": inference}).eval()
     export_onnx(model, tmp_path)
     cases = [(f"batch {b}", tiny_batch("show_attend_tell", seed=b, batch=b)) for b in (1, 3)]
     report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert report["passed"], report
     assert all("tokens" in c["e2e"] and "attention" in c["e2e"] for c in report["cases"])
+
+
+def test_reinforce_trains_attention_but_not_the_cnn():
+    """The policy terms reach f_att only; the CNN and the decoder learn from the likelihood."""
+    batch = tiny_batch("show_attend_tell")
+    grads = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        cfg = {**TINY["show_attend_tell"], "attention": "hard", "expected_fraction": 0.0,
+               "reinforce_weight": weight, "entropy_weight": weight}
+        model = models.build("show_attend_tell", cfg).train()
+        model.loss(batch)  # sets the baseline, so the second call has nonzero advantages
+        torch.manual_seed(1)
+        model.loss(batch)[0].backward()
+        grads[weight] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, grad in grads[0.0].items():
+        if not name.startswith("attention."):
+            assert torch.allclose(grad, grads[1.0][name], atol=1e-7), name
+    for name in ("attention.v.weight", "attention.query.weight", "attention.key.weight"):
+        assert not torch.allclose(grads[0.0][name], grads[1.0][name]), name
