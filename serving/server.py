@@ -136,28 +136,38 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 class BodyLimit:
-    """ASGI middleware: reject bodies over ``limit`` bytes with 413 before the app reads them."""
+    """ASGI middleware: reject bodies over ``limit`` bytes with 413 before the app parses them.
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    The rest of an oversized body is read and dropped (up to ``drain`` bytes) before the 413 goes
+    out: a server that answers and closes while the client is still sending leaves the client with
+    a broken pipe instead of the error message.
+    """
+
+    def __init__(self, app, limit: int, drain: int = 64 * 2**20):
+        self.app, self.limit, self.drain = app, limit, drain
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         too_big = error(413, f"request body larger than {self.limit} bytes")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await too_big(scope, receive, send)
+        declared_size = int(declared) if declared is not None and declared.isdigit() else None
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] != "http.request":
                 return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await too_big(scope, receive, send)
             more = message.get("more_body", False)
+            size += len(message.get("body", b""))
+            if size > self.limit or (declared_size or 0) > self.limit:
+                while more and size <= self.drain and (declared_size or 0) <= self.drain:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return
+                    more = message.get("more_body", False)
+                    size += len(message.get("body", b""))
+                return await too_big(scope, receive, send)
+            chunks.append(message.get("body", b""))
         body = b"".join(chunks)
 
         async def replay():
