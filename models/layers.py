@@ -289,3 +289,64 @@ class MultiHeadAttention(nn.Module):
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal)
         ctx = ctx.transpose(1, 2).reshape(ctx.shape[0], ctx.shape[2], -1)  # [B,H,T,D/H] -> [B,T,D]
         return self.out(ctx), weights
+
+
+def glimpse_pyramid(image: Tensor, scales: int) -> list[Tensor]:
+    """image [B,1,H,W] -> ``scales`` copies, copy k average-pooled by 2^k ([B,1,H/2^k,W/2^k]).
+
+    Retina scale k samples copy k at its own pixel spacing, so each retina pixel is the mean of a
+    2^k × 2^k block (Mnih 2014's "resized" patches) and the pooling runs once per image, not once
+    per glimpse."""
+    return [image if k == 0 else F.avg_pool2d(image, 2**k) for k in range(scales)]
+
+
+def glimpse(pyramid: list[Tensor], centre: Tensor, patch: int) -> Tensor:
+    """Retina of Mnih et al. 2014: ``patch`` × ``patch`` samples around ``centre`` from every scale.
+
+    Args:
+        pyramid: :func:`glimpse_pyramid` output; copy k is 2^k times coarser.
+        centre: [B,2] glimpse centre (x, y) in [-1, 1] over the image (-1: its left/top edge).
+        patch: retina width in samples at every scale (scale k covers patch·2^k input pixels).
+
+    Returns: [B, scales·patch²], zeros where the retina leaves the image.
+    """
+    out = []
+    for level in pyramid:
+        w = level.shape[-1]
+        # sample offsets in normalised units: one pooled pixel is 2/w wide; centred on ``centre``
+        step = (torch.arange(patch, dtype=centre.dtype, device=centre.device) - (patch - 1) / 2) * (2.0 / w)
+        gy, gx = torch.meshgrid(step, step, indexing="ij")  # [P,P] each
+        offsets = torch.stack([gx, gy], dim=-1)  # [P,P,2] as (x, y), grid_sample's order
+        grid = centre[:, None, None, :] + offsets  # [B,1,1,2] + [P,P,2] -> [B,P,P,2]
+        sample = F.grid_sample(level, grid, mode="bilinear", padding_mode="zeros", align_corners=False)  # [B,1,P,P]
+        out.append(sample.flatten(1))  # [B,1,P,P] -> [B,P²]
+    return torch.cat(out, dim=-1)  # [B, scales·P²]
+
+
+def filterbank_window(params: Tensor, height: int, width: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """DRAW's attention window from the five linear outputs of the decoder state (Gregor 2015 eq. 21-24).
+
+    Args:
+        params: [B,5] = (g̃X, g̃Y, log σ², log δ̃, log γ).
+    Returns: grid centre gX, gY (pixels), stride δ (pixels), variance σ², intensity γ; each [B].
+    """
+    gx_, gy_, log_var, log_delta, log_gamma = params.unbind(-1)
+    gx = (width + 1) / 2 * (gx_ + 1)
+    gy = (height + 1) / 2 * (gy_ + 1)
+    delta = (max(height, width) - 1) / (n - 1) * torch.exp(log_delta)
+    return gx, gy, delta, torch.exp(log_var), torch.exp(log_gamma)
+
+
+def gaussian_filterbank(centre: Tensor, delta: Tensor, var: Tensor, n: int, size: int, eps: float = 1e-8) -> Tensor:
+    """N 1-D Gaussian filters over ``size`` pixels (Gregor 2015 eq. 19-20, 25-26).
+
+    Filter i is centred at centre + (i − N/2 − 0.5)·δ (i = 1..N) with variance σ², normalised to
+    sum to 1 over the pixels (``eps`` keeps a filter that falls off the image finite).
+
+    Args: centre, delta, var: [B]. Returns: F [B,N,size].
+    """
+    i = torch.arange(1, n + 1, dtype=centre.dtype, device=centre.device)  # [N]
+    mu = centre.unsqueeze(-1) + (i - n / 2 - 0.5) * delta.unsqueeze(-1)  # [B,N]
+    a = torch.arange(1, size + 1, dtype=centre.dtype, device=centre.device)  # pixels 1..size, as eq. 22
+    f = torch.exp(-((a - mu.unsqueeze(-1)) ** 2) / (2 * var[:, None, None]))  # [B,N,1] vs [size] -> [B,N,size]
+    return f / (f.sum(-1, keepdim=True) + eps)

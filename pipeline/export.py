@@ -143,7 +143,8 @@ def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: d
         actual = run_loop(ort_graphs, np_batch, meta)
         for key in sorted(set(expected) & set(actual)):
             case["e2e"][key] = compare(key, expected[key], actual[key], {**parity, **parity.get("e2e", {})})
-            if key == "logits":  # decisions (bits / argmax) must agree exactly
+            # Sign decisions (bits, pixels) must agree exactly; a classifier's ``pred`` is compared itself.
+            if key == "logits" and "pred" not in expected:
                 same = (expected[key] > 0) == (actual[key] > 0)
                 case["e2e"]["decisions"] = {"passed": bool(same.all()), "mismatches": int((~same).sum())}
         if hasattr(model, "decode_uncached"):  # a key/value cache must not change a single token
@@ -193,7 +194,7 @@ def export(run: RunConfig) -> dict:
     onnx_dir = run.run_dir / "onnx"
     shutil.rmtree(onnx_dir, ignore_errors=True)
     graphs = export_onnx(model, onnx_dir)
-    cases = get_task(run.task).parity_batches(run.data_dir)
+    cases = get_task(run.task).model_parity_batches(model, run.data_dir)
     result = {"graphs": graphs, "providers": {}, "passed": True}
     wanted = ["cpu"] + (["cuda"] if providers("auto")[0] == "CUDAExecutionProvider" else [])
     for provider in wanted:

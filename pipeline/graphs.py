@@ -14,6 +14,7 @@ from serving import decode
 
 SEQ2SEQ = {"encoder", "decoder_step"}
 RECURRENT = {"init", "step"}
+GLIMPSE = {"start", "glimpse"}
 
 
 class TorchGraph:
@@ -40,6 +41,8 @@ def loop_kind(graph_names) -> str:
         return "seq2seq"
     if RECURRENT <= names:
         return "recurrent"
+    if GLIMPSE <= names:
+        return "glimpse"
     return "single"
 
 
@@ -53,7 +56,13 @@ def run_loop(graphs: dict, batch: dict[str, np.ndarray], meta: dict) -> dict[str
         feeds = {n: batch[n] for n in graphs["encoder"].input_names}  # src + src_len, or an image
         return decode.greedy(graphs["encoder"], graphs["decoder_step"], feeds, None,
                              meta["bos_id"], meta["eos_id"], meta["max_len"], meta.get("pad_id", 0))
+    if kind == "glimpse":
+        return decode.glimpses(graphs["start"], graphs["glimpse"], batch["image"], meta["glimpses"])
     if kind == "recurrent":
-        return decode.unroll(graphs["init"], graphs["step"], batch["x"], tuple(meta.get("collect", ())))
+        out = decode.unroll(graphs["init"], graphs["step"], batch["x"], tuple(meta.get("collect", ())))
+        # Graphs outside the loop (DRAW's ``infer``) run once on the batch's inputs of their names.
+        for name in sorted(set(graphs) - RECURRENT):
+            out.update(graphs[name]({n: batch[n] for n in graphs[name].input_names}))
+        return out
     (name,) = graphs
     return graphs[name](batch)

@@ -113,3 +113,62 @@ def caption_attention(image: np.ndarray, words: list[str], maps: np.ndarray, pat
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def glimpse_paths(images: np.ndarray, centres: np.ndarray, widths: list[int], titles: list[str], path: Path,
+                  title: str) -> None:
+    """Recurrent-attention glimpses (Mnih 2014 Fig. 3): per image [H,W] the path of glimpse
+    centres [G,(x,y)] in pixels, numbered, and the retina's boxes (``widths`` pixels) at the last."""
+    from matplotlib.patches import Rectangle
+
+    cols = min(4, len(images))
+    rows = -(-len(images) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 3.0 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, path_xy, name in zip(axes.flat, images, centres, titles):
+        ax.imshow(image, cmap="gray", vmin=0, vmax=255, extent=(0, image.shape[1], image.shape[0], 0))
+        ax.plot(path_xy[:, 0], path_xy[:, 1], "-", color="tab:orange", lw=1)
+        for t, (x, y) in enumerate(path_xy):
+            ax.text(x, y, str(t + 1), color="yellow", fontsize=7, ha="center", va="center")
+        x, y = path_xy[-1]
+        for w, colour in zip(widths, ("tab:red", "tab:green", "tab:blue", "tab:purple")):
+            ax.add_patch(Rectangle((x - w / 2, y - w / 2), w, w, fill=False, ec=colour, lw=1))
+        ax.set_xlim(0, image.shape[1])
+        ax.set_ylim(image.shape[0], 0)
+        ax.set_title(name, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def draw_sequence(canvases: np.ndarray, read: np.ndarray | None, write: np.ndarray | None, path: Path,
+                  title: str, columns: int = 8) -> None:
+    """DRAW's canvas over time (Gregor 2015 Fig. 4/7): rows = images, columns = steps (evenly
+    spaced, the last included). canvases [B,T,H,W] in [0,1]; read / write windows [B,T,3] as
+    (gX, gY, N·δ) in 1-based pixels, drawn as boxes (red: read, green: write)."""
+    from matplotlib.patches import Rectangle
+
+    rows, steps = canvases.shape[:2]
+    picks = sorted({int(round(x)) for x in np.linspace(0, steps - 1, min(columns, steps))})
+    fig, axes = plt.subplots(rows, len(picks), figsize=(1.3 * len(picks), 1.4 * rows), squeeze=False)
+    for r in range(rows):
+        for ax, t in zip(axes[r], picks):
+            ax.imshow(canvases[r, t], cmap="gray", vmin=0, vmax=1, extent=(0, canvases.shape[3], canvases.shape[2], 0))
+            for window, colour in ((read, "tab:red"), (write, "tab:green")):
+                if window is not None:
+                    gx, gy, width = window[r, t]
+                    # pixel a (1-based) spans [a-1, a) in the image extent: its centre is a - 0.5
+                    ax.add_patch(Rectangle((gx - 0.5 - width / 2, gy - 0.5 - width / 2), width, width,
+                                           fill=False, ec=colour, lw=1))
+            ax.set_xlim(0, canvases.shape[3])
+            ax.set_ylim(canvases.shape[2], 0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"t={t + 1}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

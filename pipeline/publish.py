@@ -127,6 +127,8 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     ``cfg`` is the model's typed config, ``graphs`` the exported graph names.
     """
     meta: dict = {"loop": loop_kind(graphs)}
+    if meta["loop"] == "glimpse":
+        meta["glimpses"] = cfg.glimpses
     if meta["loop"] == "seq2seq":
         meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
@@ -157,7 +159,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
         shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
     for artifact in artifacts:
         shutil.copy2(artifact, tmp / artifact.name)
-    if serving.get("loop") in ("seq2seq", "recurrent"):  # Triton python backend: model.py + its modules
+    if serving.get("loop") in ("seq2seq", "recurrent", "glimpse"):  # Triton python backend: model.py + its modules
         shutil.copy2(SERVING_DIR / "triton_model.py", tmp / "model.py")
         (tmp / "serving").mkdir()
         for f in BUNDLE:

@@ -140,6 +140,13 @@ def main(argv: list[str] | None = None) -> None:
             return
         if [i["name"] for i in meta["inputs"]] == ["image"] and not args.input.lstrip().startswith("{"):
             image = read_image(args.input, tuple(meta["inputs"][0]["shape"][1:]))
+            if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
+                outs = client.infer(args.model, {"image": image[None]}, args.version)
+                print(int(outs["pred"][0]))
+                if args.attention:
+                    for t, (x, y) in enumerate(outs["locations"][0]):
+                        print(f"glimpse {t + 1}: centre x {x:+.2f}, y {y:+.2f} (-1..1 over the image)")
+                return
             outs = client.infer(args.model, {"image": image[None]}, args.version,
                                 parameters={"decode": args.decode})
             print(str(outs["caption"][0]))

@@ -122,6 +122,23 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm)}
 
 
+def glimpses(start: Graph, step: Graph, image: np.ndarray, count: int) -> dict[str, np.ndarray]:
+    """Recurrent visual attention on a fixed image [B,H,W]: ``start`` gives the state (with the
+    first glimpse location ``loc``); each ``step`` takes one glimpse and proposes the next.
+
+    Returns: logits [B,C] after the last glimpse, pred [B], locations [B,count,2] (the glimpse
+    centres, (x, y) in [-1, 1]).
+    """
+    state = start({"image": image})
+    locations = []
+    for _ in range(count):
+        locations.append(state["loc"])
+        out = step({**state, "image": image})
+        state = _carried(out)
+    logits = out["logits"]
+    return {"logits": logits, "pred": logits.argmax(-1).astype(np.int64), "locations": np.stack(locations, 1)}
+
+
 def unroll(init: Graph, step: Graph, x: np.ndarray, collect: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Run a recurrent step graph over x [B,T,I].
 

@@ -9,6 +9,7 @@ becomes up to three kinds of servable model:
   models take ``x`` and return outputs with the heads' weightings over time.
   Pointer networks take ``points`` and return pointer sequences with their distributions.
   Captioners take ``image`` and return captions with each word's attention over the image.
+  Recurrent attention classifiers (RAM) take ``image`` and return the class and glimpse path.
   A model exported as one graph (e.g. ACT) is that graph, under the model's own name.
 * ``<model>.<graph>`` — each exported graph on its own (e.g. ``bahdanau.encoder``), a plain
   ONNX model whose requests the server may batch together.
@@ -289,6 +290,35 @@ class CaptionModel(ServedModel):
         return {"caption": (captions, "BYTES"), "words": (words, "BYTES"), "attention": (attention, "FP32")}
 
 
+class GlimpseModel(ServedModel):
+    """start + glimpse graphs of a recurrent attention classifier (RAM): images in; the class, its
+    logits and the glimpse path out.
+
+    ``image`` [N, H, W] holds grey-scale pixels in [0, 1]; ``locations`` [N, G, 2] are the glimpse
+    centres as (x, y) in [-1, 1] over the image.
+    """
+
+    platform = "attnzoo_glimpse"
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.start, self.step = graphs["start"], graphs["glimpse"]
+        self.count = int(meta["serving"]["glimpses"])
+        image = _specs(self.start.session.get_inputs())[0]
+        classes = {s.name: s for s in _specs(self.step.session.get_outputs())}["logits"].shape[1]
+        super().__init__(name, version, [TensorSpec("image", "FP32", (-1, *image.shape[1:]))], [
+            TensorSpec("logits", "FP32", (-1, classes)), TensorSpec("pred", "INT64", (-1,)),
+            TensorSpec("locations", "FP32", (-1, self.count, 2))])
+
+    def infer(self, feeds, params):
+        images = feeds["image"].astype(np.float32)
+        if not np.isfinite(images).all() or images.min(initial=0) < 0 or images.max(initial=0) > 1:
+            raise RequestError("input 'image' must hold pixel values from 0 to 1")
+        if images.shape[0] == 0:
+            raise RequestError("input 'image' needs at least one image")
+        r = decode.glimpses(self.start, self.step, images, self.count)
+        return {"logits": (r["logits"], "FP32"), "pred": (r["pred"], "INT64"), "locations": (r["locations"], "FP32")}
+
+
 class TableQuestionModel(ServedModel):
     """A one-graph table QA model (Neural Programmer) on raw input: the question as text, the
     column names as text, the table as numbers; answers with the executed program's soft choices.
@@ -365,6 +395,8 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         return PointerModel(name, version, meta, graphs), graphs
     if loop == "seq2seq" and meta["serving"].get("input") == "image":
         return CaptionModel(name, version, meta, graphs), graphs
+    if loop == "glimpse":
+        return GlimpseModel(name, version, meta, graphs), graphs
     if loop == "recurrent":
         return RecurrentModel(name, version, meta, graphs), graphs
     if loop == "single" and meta["serving"].get("input") == "table_question":

@@ -30,6 +30,8 @@ TINY = {
     # tests/test_show_attend_tell.py checks the term itself.
     "show_attend_tell": dict(channels=4, conv_layers=3, emb_dim=8, hidden=16, attn_dim=8, dropout=0.0,
                              doubly_stochastic=0.0),
+    "ram": dict(image_size=16, glimpses=3, patch=4, scales=2, glimpse_hidden=8, glimpse_out=16, hidden=16),
+    "draw": dict(image_size=12, steps=3, hidden=16, latent=4, read_n=2, write_n=3),
 }
 
 
@@ -98,6 +100,22 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
                             [(int(layout["row"][i, k]), int(layout["col"][i, k])) for k in slots])
             items.append({"image": render(digits, layout, i, 84), "tgt": [WORD_ID[w] for w in words]})
         return MnistCaptionsTask().collate(items)
+    if arch == "ram":  # a bright 4×4 square somewhere on a dark canvas; the label is its quadrant
+        size = TINY[arch]["image_size"]
+        image = torch.zeros(batch, size, size)
+        corner = torch.randint(0, size - 4, (batch, 2), generator=g)
+        for b, (y, x) in enumerate(corner.tolist()):
+            image[b, y : y + 4, x : x + 4] = 1.0
+        label = (corner[:, 0] >= size // 2 - 2).long() * 2 + (corner[:, 1] >= size // 2 - 2).long()
+        return {"image": image, "label": label}
+    if arch == "draw":  # binary images (a filled box each) plus fixed prior (x) and posterior (noise) draws
+        cfg = TINY[arch]
+        size = cfg["image_size"]
+        image = torch.zeros(batch, size, size)
+        for b, (y, x, h, w) in enumerate(torch.randint(1, size // 2, (batch, 4), generator=g).tolist()):
+            image[b, y : y + h + 1, x : x + w + 1] = 1.0
+        shape = (batch, cfg["steps"], cfg["latent"])
+        return {"image": image, "x": torch.randn(shape, generator=g), "noise": torch.randn(shape, generator=g)}
     raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
 
 

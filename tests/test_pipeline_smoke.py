@@ -22,11 +22,12 @@ def tiny_params(params: dict) -> dict:
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
     params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
-    params["tasks"]["mnist_captions"].update(train_size=300, val_size=32, test_size=32)
+    for task in ("mnist_captions", "mnist_translated60", "mnist_cluttered60", "mnist_binarized"):
+        params["tasks"][task].update(train_size=300, val_size=32, test_size=32)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
-        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size"):
+        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size"):
             entry["model"].pop(key, None)  # these come from the prepared data
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}

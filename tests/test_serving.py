@@ -102,8 +102,14 @@ def published(tmp_path_factory):
     torch.manual_seed(6)
     captioner = models.build("show_attend_tell", TINY["show_attend_tell"]).eval()
     _publish(repo, "captioner", "show_attend_tell", "mnist_captions", captioner, work, [])
+    torch.manual_seed(7)
+    ram = models.build("ram", TINY["ram"]).eval()
+    _publish(repo, "ram", "ram", "mnist_translated60", ram, work, [])
+    torch.manual_seed(8)
+    draw = models.build("draw", TINY["draw"]).eval()
+    _publish(repo, "draw", "draw", "mnist_binarized", draw, work, [])
     return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
-                           act=act, programmer=programmer, captioner=captioner, work=work)
+                           act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, work=work)
 
 
 def _free_port() -> int:
@@ -220,6 +226,34 @@ def test_ntm_matches_pytorch_on_every_version(server):
         np.testing.assert_allclose(got["read_weights"], expected["read_weights"].numpy(), atol=1e-4)
         np.testing.assert_allclose(got["write_weights"], expected["write_weights"].numpy(), atol=1e-4)
     assert not np.allclose(server.published.ntm_v1.predict(batch)["logits"], expected["logits"])
+
+
+def test_ram_serves_class_and_glimpse_path_as_pytorch(server):
+    batch = tiny_batch("ram", seed=4, batch=3)
+    expected = server.published.ram.predict(batch)
+    meta = raw(server.url, "GET", "/v2/models/ram")[1]
+    assert meta["platform"] == "attnzoo_glimpse" and meta["outputs"][2]["shape"] == [-1, TINY["ram"]["glimpses"], 2]
+    got = server.client.infer("ram", {"image": batch["image"].numpy()})
+    assert np.array_equal(got["pred"], expected["pred"].numpy())
+    np.testing.assert_allclose(got["locations"], expected["locations"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(got["logits"], expected["logits"].numpy(), atol=1e-4, rtol=1e-3)
+    status, resp = raw(server.url, "POST", "/v2/models/ram/infer", json.dumps(
+        {"inputs": [{"name": "image", "shape": [1, 16, 16], "datatype": "FP32", "data": [2.0] * 256}]}).encode())
+    assert status == 400 and "from 0 to 1" in resp["error"]
+
+
+def test_draw_generates_from_served_noise_and_scores_images_as_pytorch(server):
+    model, batch = server.published.draw, tiny_batch("draw", seed=5, batch=2)
+    meta = raw(server.url, "GET", "/v2/models/draw")[1]
+    assert meta["platform"] == "attnzoo_recurrent" and meta["inputs"][0]["name"] == "x"
+    expected = model.predict(batch)
+    got = server.client.infer("draw", {"x": batch["x"].numpy()})
+    np.testing.assert_allclose(got["logits"], expected["logits"].numpy(), atol=1e-4, rtol=1e-3)
+    np.testing.assert_allclose(got["write_window"], expected["write_window"].numpy(), atol=1e-4, rtol=1e-3)
+    longer = np.concatenate([batch["x"].numpy()] * 2, axis=1)  # generation runs as many steps as noise given
+    assert server.client.infer("draw", {"x": longer})["logits"].shape[1] == 2 * batch["x"].shape[1]
+    scored = server.client.infer("draw.infer", {"image": batch["image"].numpy(), "noise": batch["noise"].numpy()})
+    np.testing.assert_allclose(scored["bound"], expected["bound"].numpy(), rtol=1e-4)
 
 
 def test_pointer_network_matches_pytorch_greedy_and_beam(server):
@@ -497,7 +531,8 @@ def _triton_model_config(path: Path):
 
 
 def test_triton_configs_follow_tritons_schema_and_the_servers_metadata(server):
-    for name, versions in (("bahdanau", [1]), ("ntm", [1, 2]), ("pointer", [1]), ("act", [])):
+    for name, versions in (("bahdanau", [1]), ("ntm", [1, 2]), ("pointer", [1]), ("act", []), ("ram", [1]),
+                           ("draw", [1])):
         cfg = _triton_model_config(server.published.repo / name / "config.pbtxt")
         meta = raw(server.url, "GET", f"/v2/models/{name}")[1]
         assert cfg.name == name and cfg.max_batch_size == 0
@@ -573,6 +608,13 @@ def test_triton_python_backend_gives_the_servers_answers(server):
     got = _triton(server, "captioner", "1", {"image": images.tolist()}, {"decode": "greedy"})
     served = server.client.infer("captioner", {"image": images}, parameters={"decode": "greedy"})
     assert got["caption"] == [str(c) for c in served["caption"]]
+    canvases = tiny_batch("ram", seed=9, batch=2)["image"].numpy()
+    got = _triton(server, "ram", "1", {"image": canvases.tolist()}, {})
+    served = server.client.infer("ram", {"image": canvases})
+    assert got["pred"] == served["pred"].tolist() and np.allclose(got["locations"], served["locations"])
+    noise = tiny_batch("draw", seed=9, batch=2)["x"].numpy()
+    got = _triton(server, "draw", "1", {"x": noise.tolist()}, {})
+    np.testing.assert_allclose(got["logits"], server.client.infer("draw", {"x": noise})["logits"], atol=1e-6)
 
 
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):

@@ -40,6 +40,11 @@ class Task:
         """Real test batches over a grid of batch sizes and lengths, for the parity gate."""
         raise TaskError(f"task {self.name} has no parity batches")
 
+    def model_parity_batches(self, model, data_dir: Path) -> list[tuple[str, dict]]:
+        """Parity batches that depend on the model (e.g. noise inputs shaped by its config); by
+        default the task's own :meth:`parity_batches`."""
+        return self.parity_batches(data_dir)
+
     def length(self, item) -> int:
         """Size used to bucket items of similar length into batches."""
         return len(item)
