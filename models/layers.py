@@ -67,6 +67,25 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[2]))
 
 
+class PaddedBiRNN(nn.Module):
+    """Bidirectional GRU/LSTM over right-padded sequences: the backward direction starts at each
+    sequence's own last step (:func:`reverse_padded`), so padding never reaches a real position and
+    a padded batch gives each sequence what it gets alone. Exportable with dynamic lengths."""
+
+    def __init__(self, kind: str, input_size: int, hidden: int):
+        super().__init__()
+        rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[kind]
+        self.fwd = rnn(input_size, hidden, batch_first=True)
+        self.bwd = rnn(input_size, hidden, batch_first=True)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        """x [B,S,F], lengths [B] -> [B,S,2H] (forward then backward states; zeros past a length)."""
+        fwd = self.fwd(x)[0]  # [B,S,H]
+        bwd = reverse_padded(self.bwd(reverse_padded(x, lengths))[0], lengths)  # [B,S,H], position j holds h←_j
+        valid = torch.arange(x.shape[1], device=x.device).unsqueeze(0) < lengths.unsqueeze(1)  # [B,S]
+        return torch.cat([fwd, bwd], dim=-1) * valid.unsqueeze(-1)
+
+
 def cosine_content_weights(memory: Tensor, key: Tensor, beta: Tensor, eps: float = 1e-8) -> Tensor:
     """NTM content addressing (Graves 2014, eqs. 5-6): softmax_i(β · cos(k, M_i)).
 

@@ -94,20 +94,32 @@ def hull(points: np.ndarray, target: list[int], pred: list[int], path: Path, tit
 
 
 def caption_attention(image: np.ndarray, words: list[str], maps: np.ndarray, path: Path, title: str) -> None:
-    """Show-Attend-Tell Fig. 2/3: the image, then one panel per emitted word with its attention
-    map (maps [T,h,w] over the feature grid) stretched over the image."""
-    size = image.shape[0]
-    cols = len(words) + 1
-    fig, axes = plt.subplots(1, cols, figsize=(1.8 * cols, 2.2), squeeze=False)
-    axes[0, 0].imshow(image, cmap="gray")
-    axes[0, 0].set_title("input", fontsize=8)
-    for ax, word, amap in zip(axes[0, 1:], words, maps):
+    """Show-Attend-Tell Fig. 2/3: the image, then one panel per emitted word (or letter) with its
+    attention map (maps [T,h,w] over the feature grid) stretched over the image. Wide images (text
+    lines) stack the panels vertically."""
+    height, width = image.shape
+    wide = width >= 2 * height
+    panels = len(words) + 1
+    if wide:
+        shape, size = (panels, 1), (1.2 + 2.2 * width / height, 0.75 * panels)
+    else:
+        shape, size = (1, panels), (1.8 * panels, 2.2)
+    fig, axes = plt.subplots(*shape, figsize=size, squeeze=False)
+    axes = axes.reshape(-1)  # [rows,cols] -> [panels]
+    axes[0].imshow(image, cmap="gray")
+    axes[0].set_title("input", fontsize=8)
+    for ax, word, amap in zip(axes[1:], words, maps):
         ax.imshow(image, cmap="gray")
         # extent maps the h×w grid onto the pixels, each cell covering its receptive-field centre area
-        ax.imshow(amap, cmap="magma", alpha=0.6, extent=(0, size, size, 0), interpolation="bilinear",
-                  vmin=0, vmax=max(float(amap.max()), 1e-6))
-        ax.set_title(word, fontsize=9)
-    for ax in axes[0]:
+        ax.imshow(amap, cmap="magma", alpha=0.6, extent=(0, width, height, 0), interpolation="bilinear",
+                  vmin=0, vmax=max(float(amap.max()), 1e-6), aspect="auto" if wide else None)
+        if wide:
+            ax.set_ylabel(word, fontsize=9, rotation=0, labelpad=12, va="center")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            ax.set_title(word, fontsize=9)
+    for ax in axes if not wide else axes[:1]:
         ax.set_axis_off()
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -169,6 +181,26 @@ def draw_sequence(canvases: np.ndarray, read: np.ndarray | None, write: np.ndarr
             if r == 0:
                 ax.set_title(f"t={t + 1}", fontsize=8)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def speech_alignment(features: np.ndarray, alignment: np.ndarray, letters: list[str], stack: int, path: Path,
+                     title: str) -> None:
+    """Chorowski 2015 Fig. 2: the log-mel spectrogram (features [T,M]) above the alignment
+    (alignment [letters, S] over the encoder steps of ``stack`` frames), on one time axis."""
+    frames = features.shape[0]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5, frames / 45), 1.6 + 0.25 * len(letters)), sharex=True,
+                                      gridspec_kw={"height_ratios": [1, max(1, len(letters) / 8)]})
+    top.imshow(np.asarray(features, dtype=np.float32).T, origin="lower", aspect="auto", cmap="viridis",
+               extent=(0, frames, 0, features.shape[1]))
+    top.set_ylabel("mel bin", fontsize=8)
+    bottom.imshow(alignment, aspect="auto", cmap="gray_r", vmin=0, vmax=1, interpolation="nearest",
+                  extent=(0, alignment.shape[1] * stack, len(letters), 0))
+    bottom.set_yticks(np.arange(len(letters)) + 0.5, letters, fontsize=8)
+    bottom.set_xlabel("frame (10 ms)", fontsize=8)
+    top.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -51,7 +51,7 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
 
 # serving/ modules bundled into each version for Triton's python backend (model.py imports them).
 SERVING_DIR = ROOT / "serving"
-BUNDLE = ["__init__.py", "decode.py", "protocol.py", "repository.py", "runtime.py"]
+BUNDLE = ["__init__.py", "decode.py", "features.py", "protocol.py", "repository.py", "runtime.py"]
 TRITON_TYPES = {"BYTES": "TYPE_STRING"}  # every other v2 datatype X is TYPE_X
 
 
@@ -79,7 +79,8 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> st
                   f"version_policy: {{ specific: {{ versions: [ {', '.join(map(str, versions))} ] }} }}"]
         for kind, specs in (("input", whole.inputs), ("output", whole.outputs)):
             entries = [f'  {{ name: "{s.name}" data_type: {TRITON_TYPES.get(s.datatype, "TYPE_" + s.datatype)} '
-                       f'dims: [ {", ".join(map(str, s.shape))} ] }}' for s in specs]
+                       f'dims: [ {", ".join(map(str, s.shape))} ]{" optional: true" if s.optional else ""} }}'
+                       for s in specs]
             lines.append(f"{kind} [\n" + ",\n".join(entries) + "\n]")
     lines.append("# Exported graphs (the loop between them runs in serving/ or model.py):")
     for graph in graphs:

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DEBIAN_PACKAGES="dict-de-en"
+# Data sources (../DATA.md): translation pairs, the OCR word list and fonts, the speech synthesiser.
+DEBIAN_PACKAGES="dict-de-en wamerican fonts-dejavu-core fonts-liberation fonts-dkg-handwriting espeak-ng"
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "error: attnzoo needs Python >= 3.11 (found $("$PYTHON" --version)); set PYTHON=python3.11" >&2
@@ -37,7 +38,7 @@ if [ -n "$missing" ]; then
     sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
   else
     echo "warning: Debian package(s)$missing are needed for the data; install them with" \
-         "'sudo apt-get install$missing' (prepare@translation_de_en stops with this message until then)." >&2
+         "'sudo apt-get install$missing' (the prepare stages that need them stop with a message naming the package until then)." >&2
   fi
 fi
 touch "$VENV/.setup-done"

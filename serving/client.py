@@ -138,7 +138,27 @@ def main(argv: list[str] | None = None) -> None:
             if args.attention:
                 print_alignment(res)
             return
-        if [i["name"] for i in meta["inputs"]] == ["image"] and not args.input.lstrip().startswith("{"):
+        names = [i["name"] for i in meta["inputs"]]
+        if names == ["image", "width"] and not args.input.lstrip().startswith("{"):  # attention OCR
+            image = read_text_line(args.input, meta["inputs"][0]["shape"][1])
+            outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
+            print(str(outs["text"][0]))
+            if args.attention:  # each letter's most attended feature column
+                for letter, amap in zip(outs["letters"][0], outs["attention"][0]):
+                    if letter:
+                        col = int(amap.max(0).argmax())
+                        print(f"{letter:>4}  peak at column {col} of {amap.shape[1]} (x ≈ {col * 4 + 2} px)")
+            return
+        if names == ["audio", "samples"] and not args.input.lstrip().startswith("{"):  # speech
+            audio = read_wav(args.input)
+            outs = client.infer(args.model, {"audio": audio[None]}, args.version, parameters={"decode": args.decode})
+            print(str(outs["text"][0]))
+            if args.attention:  # where in the audio each character was read
+                for t, row in enumerate(outs["alignment"][0]):
+                    if row.any():
+                        print(f"step {t + 1}: peak at encoder step {int(row.argmax())} of {row.shape[0]}")
+            return
+        if names == ["image"] and not args.input.lstrip().startswith("{"):
             image = read_image(args.input, tuple(meta["inputs"][0]["shape"][1:]))
             if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
                 outs = client.infer(args.model, {"image": image[None]}, args.version)
@@ -194,6 +214,34 @@ def read_image(path: str, shape: tuple[int, ...]) -> np.ndarray:
         raise SystemExit(f"error: the model takes {shape[0]}x{shape[1]} images; {path} is "
                          f"{'x'.join(map(str, pixels.shape))}")
     return pixels
+
+
+def read_text_line(path: str, height: int) -> np.ndarray:
+    """A text-line image file as float32 [height, W] in [0,1], scaled to the model's height."""
+    try:
+        from PIL import Image
+
+        img = Image.open(path).convert("L")
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: cannot read the image {path} ({err})") from None
+    width = max(1, round(img.width * height / img.height))
+    return np.asarray(img.resize((width, height), Image.BILINEAR), dtype=np.float32) / 255.0
+
+
+def read_wav(path: str, rate: int = 16000) -> np.ndarray:
+    """A mono 16-bit WAV file at ``rate`` Hz as float32 samples in [-1, 1]."""
+    import wave
+
+    try:
+        with wave.open(path) as w:
+            if w.getframerate() != rate or w.getnchannels() != 1 or w.getsampwidth() != 2:
+                raise SystemExit(f"error: {path} must be mono 16-bit PCM at {rate} Hz (got {w.getnchannels()} "
+                                 f"channel(s), {8 * w.getsampwidth()} bit, {w.getframerate()} Hz); convert it "
+                                 f"with e.g. `sox {path} -r {rate} -c 1 -b 16 out.wav`")
+            pcm = w.readframes(w.getnframes())
+    except (OSError, EOFError, wave.Error) as err:
+        raise SystemExit(f"error: cannot read the WAV file {path} ({err})") from None
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
 
 
 def print_alignment(res: dict) -> None:

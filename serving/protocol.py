@@ -32,14 +32,17 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A declared input or output: ``shape`` uses -1 for any size."""
+    """A declared input or output: ``shape`` uses -1 for any size. An ``optional`` input may be
+    left out of a request (Triton's model configuration has the same flag)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    optional: bool = False
 
     def as_json(self) -> dict:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        out = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        return {**out, "optional": True} if self.optional else out
 
 
 def _flatten(data: Any, out: list) -> None:
@@ -128,7 +131,7 @@ def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
             raise RequestError(f"input '{name}' given twice")
         check_against(declared[name], array, datatype)
         feeds[name] = array
-    missing = sorted(set(declared) - set(feeds))
+    missing = sorted(n for n, spec in declared.items() if n not in feeds and not spec.optional)
     if missing:
         raise RequestError(f"missing input(s) {missing}")
     names = [s.name for s in outputs]

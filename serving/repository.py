@@ -10,6 +10,8 @@ becomes up to three kinds of servable model:
   Pointer networks take ``points`` and return pointer sequences with their distributions.
   Captioners take ``image`` and return captions with each word's attention over the image.
   Recurrent attention classifiers (RAM) take ``image`` and return the class and glimpse path.
+  Attention OCR takes a text-line ``image`` and returns the text with each letter's attention;
+  speech recognisers take raw ``audio`` and return the transcript with its alignment.
   A model exported as one graph (e.g. ACT) is that graph, under the model's own name.
 * ``<model>.<graph>`` — each exported graph on its own (e.g. ``bahdanau.encoder``), a plain
   ONNX model whose requests the server may batch together.
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from serving import decode
+from serving.features import STACK, log_mel, stack_frames
 from serving.protocol import ONNX_TYPES, RequestError, TensorSpec
 from serving.runtime import OrtGraph
 
@@ -290,6 +293,135 @@ class CaptionModel(ServedModel):
         return {"caption": (captions, "BYTES"), "words": (words, "BYTES"), "attention": (attention, "FP32")}
 
 
+def _transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singles: list[dict[str, np.ndarray]],
+                mode: str, beam: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Greedy decoding of the padded ``batch`` or beam search of each item of ``singles`` ->
+    per item (token ids without EOS, attention [T+1, S'] incl. the EOS step)."""
+    s = serving
+    if mode == "greedy":
+        r = decode.greedy(encoder, step, batch, None, s["bos_id"], s["eos_id"], s["max_len"], s["pad_id"])
+        return [(r["tokens"][i, : int(r["lengths"][i])], r["attention"][i, : int(r["lengths"][i]) + 1])
+                for i in range(len(singles))]
+    return [(b["tokens"], b["attention"]) for b in (
+        decode.beam_search(encoder, step, feeds, None, s["bos_id"], s["eos_id"], s["max_len"], beam=beam,
+                           length_penalty=s.get("length_penalty", 1.0)) for feeds in singles)]
+
+
+class TextImageModel(ServedModel):
+    """encoder + decoder_step of an attention OCR model: text-line images in, the text and each
+    letter's attention over the image's feature grid out.
+
+    ``image`` [N, H, W] holds grey-scale pixels in [0, 1] at the model's height; ``width`` [N]
+    (optional) the pixel width of each image in a right-padded batch (default: W for all).
+    ``attention`` [N, T, h, w'] is α of every letter and the EOS step over h × w' cells, each
+    ``width_step`` pixels wide (zero after); ``letters`` [N, T] the matching letters.
+    """
+
+    platform = "attnzoo_text_image"
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.serving = meta["serving"]
+        self.height = _specs(self.encoder.session.get_inputs())[0].shape[1]
+        super().__init__(name, version, [TensorSpec("image", "FP32", (-1, self.height, -1)),
+                                         TensorSpec("width", "INT64", (-1,), optional=True)], [
+            TensorSpec("text", "BYTES", (-1,)), TensorSpec("letters", "BYTES", (-1, -1)),
+            TensorSpec("attention", "FP32", (-1, -1, -1, -1))])
+
+    def infer(self, feeds, params):
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        images = feeds["image"].astype(np.float32)
+        n, _, full = images.shape
+        if not np.isfinite(images).all() or images.min(initial=0) < 0 or images.max(initial=0) > 1:
+            raise RequestError("input 'image' must hold pixel values from 0 to 1")
+        widths = feeds.get("width", np.full(n, full, dtype=np.int64))
+        if widths.shape != (n,) or (n and (widths.min() < 1 or widths.max() > full)):
+            raise RequestError(f"input 'width' must hold one width from 1 to {full} per image")
+        if n == 0:
+            return {"text": (np.array([], dtype=object), "BYTES"), "letters": (np.zeros((0, 0), dtype=object), "BYTES"),
+                    "attention": (np.zeros((0, 0, 0, 0), dtype=np.float32), "FP32")}
+        step = int(self.serving.get("width_step", 1))
+        # each image at its own width, rounded up to the CNN's stride by repeating its last column
+        crops = []
+        for i, w in enumerate(widths.tolist()):
+            padded = -(-w // step) * step
+            crops.append(np.pad(images[i, :, :w], ((0, 0), (0, padded - w)), mode="edge"))
+        size = np.array([c.shape[1] for c in crops], dtype=np.int64)
+        batch = np.zeros((n, self.height, size.max()), dtype=np.float32)
+        for i, c in enumerate(crops):
+            batch[i, :, : c.shape[1]] = c
+        singles = [{"image": c[None], "width": size[i : i + 1]} for i, c in enumerate(crops)]
+        found = _transcribe(self.encoder, self.step, self.serving, {"image": batch, "width": size}, singles, mode, beam)
+        cols = -(-size // step)  # feature columns of each image, [N]
+        # the annotations are rows × columns, row-major over the columns of the decoded batch
+        used = np.full(n, cols.max()) if mode == "greedy" else cols
+        rows = found[0][1].shape[1] // int(used[0])
+        steps = max(a.shape[0] for _, a in found)
+        attention = np.zeros((n, steps, rows, cols.max()), dtype=np.float32)
+        letters = np.full((n, steps), "", dtype=object)
+        for i, (tokens, alpha) in enumerate(found):
+            # [T,L] -> [T,h,w'] -> the image's own columns
+            alpha = alpha.reshape(alpha.shape[0], rows, int(used[i]))[:, :, : cols[i]]
+            attention[i, : alpha.shape[0], :, : cols[i]] = alpha
+            names = [self.serving["vocabulary"][t] for t in tokens] + ["</s>"] * (alpha.shape[0] - len(tokens))
+            letters[i, : len(names)] = names
+        texts = np.array(["".join(self.serving["vocabulary"][t] for t in tokens) for tokens, _ in found], dtype=object)
+        return {"text": (texts, "BYTES"), "letters": (letters, "BYTES"), "attention": (attention, "FP32")}
+
+
+class SpeechModel(ServedModel):
+    """encoder + decoder_step of an attention speech recogniser: raw audio in, the transcript and
+    its alignment out. The server computes the log-mel features (``serving/features.py``, the
+    function the training data was made with).
+
+    ``audio`` [N, S] holds 16 kHz samples in [-1, 1]; ``samples`` [N] (optional) the length of each
+    clip in a right-padded batch (default: S for all). ``alignment`` [N, T, F'] is α of every
+    character and the EOS step over encoder steps of ``stack`` feature frames (10 ms each).
+    """
+
+    platform = "attnzoo_speech"
+    MAX_SECONDS = 60
+
+    def __init__(self, name: str, version: int, meta: dict, graphs: dict[str, OrtGraph]):
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.serving = meta["serving"]
+        self.n_mels = _specs(self.encoder.session.get_inputs())[0].shape[2] // STACK
+        super().__init__(name, version, [TensorSpec("audio", "FP32", (-1, -1)),
+                                         TensorSpec("samples", "INT64", (-1,), optional=True)], [
+            TensorSpec("text", "BYTES", (-1,)), TensorSpec("alignment", "FP32", (-1, -1, -1))])
+
+    def infer(self, feeds, params):
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        audio = feeds["audio"].astype(np.float32)
+        n, full = audio.shape
+        rate = int(self.serving.get("sample_rate", 16000))
+        if full > self.MAX_SECONDS * rate:
+            raise RequestError(f"audio longer than {self.MAX_SECONDS} s ({self.MAX_SECONDS * rate} samples)")
+        if not np.isfinite(audio).all() or np.abs(audio).max(initial=0) > 1:
+            raise RequestError("input 'audio' must hold samples from -1 to 1")
+        samples = feeds.get("samples", np.full(n, full, dtype=np.int64))
+        if samples.shape != (n,) or (n and (samples.min() < 1 or samples.max() > full)):
+            raise RequestError(f"input 'samples' must hold one length from 1 to {full} per clip")
+        if n == 0:
+            return {"text": (np.array([], dtype=object), "BYTES"),
+                    "alignment": (np.zeros((0, 0, 0), dtype=np.float32), "FP32")}
+        # [S, 3·M] per clip: the features and stacking the training data went through
+        feats = [stack_frames(log_mel(audio[i, :k], self.n_mels)) for i, k in enumerate(samples.tolist())]
+        steps = np.array([f.shape[0] for f in feats], dtype=np.int64)
+        batch = np.zeros((n, steps.max(), feats[0].shape[1]), dtype=np.float32)
+        for i, f in enumerate(feats):
+            batch[i, : f.shape[0]] = f
+        singles = [{"features": f[None], "steps": steps[i : i + 1]} for i, f in enumerate(feats)]
+        found = _transcribe(self.encoder, self.step, self.serving, {"features": batch, "steps": steps}, singles,
+                            mode, beam)
+        steps = max(a.shape[0] for _, a in found)
+        alignment = np.zeros((n, steps, max(a.shape[1] for _, a in found)), dtype=np.float32)
+        for i, (_, alpha) in enumerate(found):
+            alignment[i, : alpha.shape[0], : alpha.shape[1]] = alpha
+        texts = np.array(["".join(self.serving["vocabulary"][t] for t in tokens) for tokens, _ in found], dtype=object)
+        return {"text": (texts, "BYTES"), "alignment": (alignment, "FP32")}
+
+
 class GlimpseModel(ServedModel):
     """start + glimpse graphs of a recurrent attention classifier (RAM): images in; the class, its
     logits and the glimpse path out.
@@ -393,6 +525,10 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         return TranslationModel(name, version, Path(folder), meta, graphs), graphs
     if loop == "seq2seq" and meta["serving"].get("input") == "points":
         return PointerModel(name, version, meta, graphs), graphs
+    if loop == "seq2seq" and meta["serving"].get("input") == "text_image":
+        return TextImageModel(name, version, meta, graphs), graphs
+    if loop == "seq2seq" and meta["serving"].get("input") == "audio":
+        return SpeechModel(name, version, meta, graphs), graphs
     if loop == "seq2seq" and meta["serving"].get("input") == "image":
         return CaptionModel(name, version, meta, graphs), graphs
     if loop == "glimpse":

@@ -98,6 +98,7 @@ class TensorMetadata(BaseModel):
     name: str
     datatype: str
     shape: list[int]
+    optional: bool | None = None  # present (true) only on inputs a request may leave out
 
 
 class ModelMetadata(BaseModel):

@@ -37,6 +37,8 @@ class TritonPythonModel:
                 feeds = {}
                 for spec in self.model.inputs:
                     tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+                    if tensor is None and spec.optional:
+                        continue
                     if tensor is None:
                         raise RequestError(f"missing input '{spec.name}'")
                     array = tensor.as_numpy()

@@ -32,6 +32,10 @@ TINY = {
                              doubly_stochastic=0.0),
     "ram": dict(image_size=16, glimpses=3, patch=4, scales=2, glimpse_hidden=8, glimpse_out=16, hidden=16),
     "draw": dict(image_size=12, steps=3, hidden=16, latent=4, read_n=2, write_n=3),
+    "attention_ocr": dict(height=16, channels=4, enc_hidden=8, emb_dim=8, hidden=16, attn_dim=8, dropout=0.0,
+                          max_len=8),
+    "speech_attention": dict(input_size=9, layers=1, enc_hidden=8, emb_dim=8, hidden=16, attn_dim=8,
+                             loc_filters=3, loc_width=5, dropout=0.0, max_len=8),
 }
 
 
@@ -116,6 +120,25 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
             image[b, y : y + h + 1, x : x + w + 1] = 1.0
         shape = (batch, cfg["steps"], cfg["latent"])
         return {"image": image, "x": torch.randn(shape, generator=g), "noise": torch.randn(shape, generator=g)}
+    if arch == "attention_ocr":  # real words rendered in a real font at height 16, three widths
+        import numpy as np
+
+        from pipeline.tasks.ocr_words import VOCAB, OcrWordsTask, load_fonts, render
+
+        rng = np.random.default_rng(seed)
+        font = load_fonts(["dejavu/DejaVuSans.ttf"], range(12, 13))["dejavu/DejaVuSans.ttf"][12]
+        style = {"slant": 0.1, "blur": 0.0, "noise": 2, "margin": 2, "background": [200, 255], "inverted": 0.0}
+        items = [{"image": render(w, font, rng, TINY[arch]["height"], 64, style), "tgt": [VOCAB.index(c) for c in w]}
+                 for w in ("attention", "zoo", "model")[:batch]]
+        return OcrWordsTask().collate(items)
+    if arch == "speech_attention":  # random "stacked log-mel" steps: 10, 7 and 8 of them, 4 digits each
+        steps = torch.tensor([10, 7, 8][:batch])
+        feats = torch.randn(batch, 10, TINY[arch]["input_size"], generator=g)
+        feats = feats * (torch.arange(10) < steps[:, None]).unsqueeze(-1)  # zero padding, as collate pads
+        tgt = torch.randint(3, 13, (batch, 4), generator=g)
+        return {"features": feats, "steps": steps,
+                "tgt_in": torch.cat([torch.ones(batch, 1, dtype=torch.long), tgt], 1),
+                "tgt_out": torch.cat([tgt, torch.full((batch, 1), 2)], 1)}
     raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
 
 

@@ -24,14 +24,17 @@ def tiny_params(params: dict) -> dict:
     params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
     for task in ("mnist_captions", "mnist_translated60", "mnist_cluttered60", "mnist_binarized"):
         params["tasks"][task].update(train_size=300, val_size=32, test_size=32)
+    params["tasks"]["ocr_words"].update(train_size=200, val_size=32, test_size=32)
+    params["tasks"]["spoken_digits"].update(train_size=64, val_size=16, test_size=16, test_long_size=8)
     params["tune"].update(num_samples=2, max_steps=6, eval_every=3)
     for entry in params["models"].values():
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
-        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size"):
+        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size", "height"):
             entry["model"].pop(key, None)  # these come from the prepared data
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
-        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "beam": 3,
+        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
+                             "beam": 3,
                              "beam_examples": 8}
     return params
 

@@ -108,8 +108,15 @@ def published(tmp_path_factory):
     torch.manual_seed(8)
     draw = models.build("draw", TINY["draw"]).eval()
     _publish(repo, "draw", "draw", "mnist_binarized", draw, work, [])
+    torch.manual_seed(9)
+    ocr = models.build("attention_ocr", {**TINY["attention_ocr"], "annotation": "grid"}).eval()
+    _publish(repo, "ocr", "attention_ocr", "ocr_words", ocr, work, [])
+    torch.manual_seed(10)
+    speech = models.build("speech_attention", TINY["speech_attention"]).eval()
+    _publish(repo, "speech", "speech_attention", "spoken_digits", speech, work, [])
     return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
-                           act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, work=work)
+                           act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, ocr=ocr,
+                           speech=speech, work=work)
 
 
 def _free_port() -> int:
@@ -310,6 +317,75 @@ def test_captions_and_their_attention_match_pytorch_greedy_and_beam(server):
     status, resp = raw(server.url, "POST", "/v2/models/captioner/infer", json.dumps(
         {"inputs": [{"name": "image", "shape": [1, 84, 84], "datatype": "FP32", "data": [2.0] * 84 * 84}]}).encode())
     assert status == 400 and "0 to 1" in resp["error"]
+
+
+def test_text_images_are_read_as_pytorch_reads_them(server):
+    from pipeline.tasks.ocr_words import VOCAB
+
+    model = server.published.ocr
+    batch = tiny_batch("attention_ocr", seed=3)
+    meta = raw(server.url, "GET", "/v2/models/ocr")[1]
+    assert meta["platform"] == "attnzoo_text_image" and meta["inputs"][1] == {
+        "name": "width", "datatype": "INT64", "shape": [-1], "optional": True}
+    images, widths = batch["image"].numpy(), batch["width"].numpy()
+    expected = model.predict(batch)
+    got = server.client.infer("ocr", {"image": images, "width": widths}, parameters={"decode": "greedy"})
+    rows, cols = model.annotation_rows, images.shape[2] // 4
+    for i in range(3):
+        n = int(expected["lengths"][i])
+        assert str(got["text"][i]) == "".join(VOCAB[t] for t in expected["tokens"][i, :n].tolist())
+        steps = min(n + 1, expected["attention"].shape[1])
+        ref = expected["attention"][i, :steps].reshape(steps, rows, cols).numpy()  # [T,L] -> [T,h,w']
+        np.testing.assert_allclose(got["attention"][i, :steps], ref, atol=1e-5)
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    got = server.client.infer("ocr", {"image": images, "width": widths}, parameters={"beam": 3})
+    for i in range(3):
+        w = int(widths[i])
+        ref = beam_search(enc, step, {"image": images[i : i + 1, :, :w], "width": widths[i : i + 1]}, None, 1, 2,
+                          model.cfg.max_len, beam=3)
+        assert str(got["text"][i]) == "".join(VOCAB[t] for t in ref["tokens"].tolist())
+    # a width off the 4-pixel stride is padded by repeating the last column, as PyTorch is fed here
+    odd = images[:1, :, :30]
+    got = server.client.infer("ocr", {"image": odd}, parameters={"decode": "greedy"})
+    padded = np.concatenate([odd, np.repeat(odd[:, :, -1:], 2, axis=2)], axis=2)
+    ref = model.predict({"image": torch.from_numpy(padded), "width": torch.tensor([32])})
+    assert str(got["text"][0]) == "".join(VOCAB[t] for t in ref["tokens"][0, : int(ref["lengths"][0])].tolist())
+    status, resp = raw(server.url, "POST", "/v2/models/ocr/infer", json.dumps({"inputs": [
+        {"name": "image", "shape": [1, 16, 8], "datatype": "FP32", "data": [0.5] * 128},
+        {"name": "width", "shape": [1], "datatype": "INT64", "data": [9]}]}).encode())
+    assert status == 400 and "'width'" in resp["error"]
+
+
+def test_speech_is_transcribed_from_raw_audio_as_pytorch_does(server):
+    from pipeline.tasks.spoken_digits import VOCAB
+    from serving.features import STACK, log_mel, stack_frames
+
+    model = server.published.speech
+    rng = np.random.default_rng(11)
+    audio = (0.3 * rng.standard_normal((2, 3200))).astype(np.float32)
+    samples = np.array([3200, 2000])
+    feats = [stack_frames(log_mel(audio[i, :k], model.cfg.input_size // STACK)) for i, k in enumerate(samples)]
+    features = torch.zeros(2, feats[0].shape[0], model.cfg.input_size)
+    for i, f in enumerate(feats):
+        features[i, : f.shape[0]] = torch.from_numpy(f)
+    expected = model.predict({"features": features, "steps": torch.tensor([f.shape[0] for f in feats])})
+    got = server.client.infer("speech", {"audio": audio, "samples": samples}, parameters={"decode": "greedy"})
+    for i in range(2):
+        n = int(expected["lengths"][i])
+        assert str(got["text"][i]) == "".join(VOCAB[t] for t in expected["tokens"][i, :n].tolist())
+        steps = min(n + 1, expected["attention"].shape[1])
+        np.testing.assert_allclose(got["alignment"][i, :steps], expected["attention"][i, :steps].numpy(), atol=1e-5)
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    got = server.client.infer("speech", {"audio": audio, "samples": samples}, parameters={"beam": 3})
+    for i in range(2):
+        ref = beam_search(enc, step, {"features": feats[i][None], "steps": np.array([feats[i].shape[0]])}, None,
+                          1, 2, model.cfg.max_len, beam=3)
+        assert str(got["text"][i]) == "".join(VOCAB[t] for t in ref["tokens"].tolist())
+    status, resp = raw(server.url, "POST", "/v2/models/speech/infer", json.dumps({"inputs": [
+        {"name": "audio", "shape": [1, 4], "datatype": "FP32", "data": [0.0, 1.5, 0.0, 0.0]}]}).encode())
+    assert status == 400 and "-1 to 1" in resp["error"]
 
 
 def test_single_graph_model_is_served_under_its_own_name(server):
@@ -615,6 +691,14 @@ def test_triton_python_backend_gives_the_servers_answers(server):
     noise = tiny_batch("draw", seed=9, batch=2)["x"].numpy()
     got = _triton(server, "draw", "1", {"x": noise.tolist()}, {})
     np.testing.assert_allclose(got["logits"], server.client.infer("draw", {"x": noise})["logits"], atol=1e-6)
+    batch = tiny_batch("attention_ocr", seed=4)  # an optional input left out (width) and given (samples)
+    got = _triton(server, "ocr", "1", {"image": batch["image"].numpy().tolist()}, {"decode": "greedy"})
+    assert got["text"] == [str(t) for t in server.client.infer(
+        "ocr", {"image": batch["image"].numpy()}, parameters={"decode": "greedy"})["text"]]
+    audio = (0.3 * np.random.default_rng(5).standard_normal((1, 2400))).astype(np.float32)
+    got = _triton(server, "speech", "1", {"audio": audio.tolist(), "samples": [2400]}, {"decode": "greedy"})
+    assert got["text"] == [str(t) for t in server.client.infer(
+        "speech", {"audio": audio}, parameters={"decode": "greedy"})["text"]]
 
 
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
