@@ -129,9 +129,10 @@ class AttentionOcr(nn.Module):
         else:
             seq = x.permute(0, 2, 3, 1).reshape(bsz * rows, w, ch)  # [B,C,h,w] -> [B·h,w,C]
             along = self.rnn(seq, cols.repeat_interleave(rows))  # [B·h,w,D]
-            along = along.reshape(bsz, rows, w, -1).transpose(1, 2).reshape(bsz * w, rows, -1)  # -> [B·w,h,D]
+            d = along.shape[2]  # explicit sizes: a -1 here was baked as the example's width by the ONNX export
+            along = along.reshape(bsz, rows, w, d).transpose(1, 2).reshape(bsz * w, rows, d)  # -> [B·w,h,D]
             down = self.col_rnn(along)[0]  # every row is real: [B·w,h,D]
-            memory = down.reshape(bsz, w, rows, -1).transpose(1, 2).reshape(bsz, rows * w, -1)  # -> [B,h·w,D]
+            memory = down.reshape(bsz, w, rows, d).transpose(1, 2).reshape(bsz, rows * w, d)  # -> [B,h·w,D]
             mask = valid.repeat(1, rows)  # [B,w] -> [B,h·w], row-major like memory
         memory = memory * mask.unsqueeze(-1)
         mean = memory.sum(1) / mask.sum(1, keepdim=True).clamp(min=1)  # [B,D]

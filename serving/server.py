@@ -280,11 +280,12 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             log.warning("%s rejected a request: %s", model.name, err)
             raise RequestError(f"the model could not run on this input: {str(err).splitlines()[0][:300]}") from None
 
-    @app.get("/v2/models/{name}", response_model=ModelMetadata, responses=ERRORS)
+    @app.get("/v2/models/{name}", response_model=ModelMetadata, response_model_exclude_none=True, responses=ERRORS)
     async def model_metadata(name: str):
         return metadata(name, None)
 
-    @app.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata, response_model_exclude_none=True,
+             responses=ERRORS)
     async def model_version_metadata(name: str, version: str):
         return metadata(name, version)
 
