@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,31 @@ def test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns(attentio
         steps = alone["attention"].shape[2]
         torch.testing.assert_close(out["attention"][i, : alone["attention"].shape[1], :steps], alone["attention"][0],
                                    atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("task_name,arch,extra", [
+    ("ocr_words", "attention_ocr", {"height": 32}), ("spoken_digits", "speech_attention", {"input_size": 120})])
+def test_evaluation_on_tiny_prepared_data_survives_decodes_without_eos(task_name, arch, extra, tmp_path):
+    """prepare → evaluate with a model that runs out of max_len (no EOS step: the plots must cope)."""
+    import json
+
+    import yaml
+
+    from pipeline.tasks import get_task
+    from tests.conftest import ROOT
+
+    task = get_task(task_name)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"][task_name]
+    params.update(train_size=12, val_size=4, test_size=6, test_long_size=3)
+    data = tmp_path / "data"
+    data.mkdir()
+    manifest = task.prepare(params, data)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    torch.manual_seed(0)
+    model = models.build(arch, {**TINY[arch], **extra, "vocab": manifest["model_defaults"]["vocab"], "max_len": 2})
+    run = SimpleNamespace(data_dir=data, evaluate={"beam": 2, "length_penalty": 0}, name=arch)
+    (tmp_path / "plots").mkdir()
+    metrics, row = task.evaluate(model.eval(), run, tmp_path / "plots")
+    assert len(list((tmp_path / "plots").glob("*.png"))) >= 3
+    cer_key = "cer_beam" if task_name == "ocr_words" else "cer"
+    assert metrics[cer_key] >= 50.0  # two characters at most for words of 3+ letters

@@ -181,7 +181,7 @@ class OcrWordsTask(Task):
         metrics, greedy, maps = score_set(model, run, self, items, VOCAB, "font", run.evaluate.get("beam", 3), "test")
         rows = model.annotation_rows  # attention is over rows × feature columns, row-major
         for n in range(min(6, len(items))):
-            letters = list(greedy[n]) + ["</s>"]
+            letters = (list(greedy[n]) + ["</s>"])[: maps[n].shape[0]]  # no EOS step when max_len ran out
             amap = maps[n].reshape(len(letters), rows, -1)  # [T,L] -> [T,h,w']
             P.caption_attention(items[n]["image"], letters, amap, plots / f"attention_{n}.png",
                                 f"{run.name}: '{greedy[n]}' (true '{items[n]['text']}', {items[n]['font']})")

@@ -148,7 +148,8 @@ class SpokenDigitsTask(Task):
             by_length.update({f"{k} ({split})": v for k, v in m["cer_by_length"].items()})
             for n in range(min(3, len(items))):
                 frames = items[n]["features"].reshape(-1, items[n]["features"].shape[1] // STACK)  # [S,3·M] -> [3S,M]
-                P.speech_alignment(frames, maps[n], list(greedy[n]) + ["</s>"], STACK,
+                letters = (list(greedy[n]) + ["</s>"])[: maps[n].shape[0]]  # no EOS step when max_len ran out
+                P.speech_alignment(frames, maps[n], letters, STACK,
                                    plots / f"alignment_{split}_{n}.png",
                                    f"{run.name}: '{greedy[n]}' (true '{items[n]['text']}')")
         metrics.update(cer=metrics["test"]["cer_beam"], cer_long=metrics["test_long"]["cer_beam"],
