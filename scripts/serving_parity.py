@@ -3,8 +3,9 @@
     python scripts/serving_parity.py --sentences 200
 
 Starts `attnzoo serve` on model_repository/, sends raw German test sentences (the server tokenizes)
-and copy-task sequences, and compares with the checkpoints in runs/ run by PyTorch: greedy
-(`model.predict`) and beam search translations, NTM bits and logits. Exits 1 on any difference.
+copy-task sequences and caption canvases, and compares with the checkpoints in runs/ run by
+PyTorch: greedy (`model.predict`) and beam search translations, NTM bits and logits, greedy
+captions and their attention. Models not in model_repository/ are skipped. Exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pipeline.checkpoint import load_model  # noqa: E402
 from pipeline.config import resolve  # noqa: E402
 from pipeline.graphs import TorchGraph  # noqa: E402
 from pipeline.tasks.copy import CopyTask  # noqa: E402
+from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving.client import Client  # noqa: E402
 from serving.decode import beam_search  # noqa: E402
@@ -82,9 +84,32 @@ def ntm(client: Client, n: int) -> bool:
     return ok
 
 
+def captions(client: Client, name: str, n: int) -> bool:
+    run = resolve(name)
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    task = MnistCaptionsTask()
+    items = task.load(run.data_dir, "test")[:n]
+    same, worst = 0, 0.0
+    for at in range(0, len(items), 25):  # 25 canvases of 84x84 numbers per request: well under the body limit
+        batch = task.collate(items[at : at + 25])
+        with torch.no_grad():
+            ref = model.predict(batch)
+        got = client.infer(name, {"image": batch["image"].numpy()}, parameters={"decode": "greedy"})
+        for b in range(batch["image"].shape[0]):
+            k = int(ref["lengths"][b])
+            if " ".join(WORDS[t] for t in ref["tokens"][b, :k].tolist()) == str(got["caption"][b]):
+                same += 1
+                served = got["attention"][b, : k + 1]  # [T,h,w]: words and EOS
+                expected = ref["attention"][b, : k + 1].reshape(served.shape).numpy()  # [T,L] -> [T,h,w]
+                worst = max(worst, float(np.abs(served - expected).max()))
+    print(f"{name}: greedy captions identical {same}/{len(items)}, largest attention difference {worst:.2e}")
+    return same == len(items)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=200)
+    ap.add_argument("--canvases", type=int, default=2000)
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,7 +120,17 @@ def main() -> None:
     try:
         if not client.wait_ready(30, alive=lambda: proc.poll() is None):
             raise SystemExit("error: the server did not become ready in 30 s")
-        ok = all([translation(client, m, args.sentences) for m in ("bahdanau", "bahdanau_none")] + [ntm(client, 32)])
+        checks = {"bahdanau": lambda: translation(client, "bahdanau", args.sentences),
+                  "bahdanau_none": lambda: translation(client, "bahdanau_none", args.sentences),
+                  "ntm": lambda: ntm(client, 32),
+                  "sat_soft": lambda: captions(client, "sat_soft", args.canvases),
+                  "sat_hard": lambda: captions(client, "sat_hard", args.canvases)}
+        ok = True
+        for name, check in checks.items():
+            if not (ROOT / "model_repository" / name).is_dir():
+                print(f"{name}: skipped (not in model_repository/)")
+                continue
+            ok &= check()
     finally:
         proc.terminate()
         proc.wait(timeout=20)

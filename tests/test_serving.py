@@ -465,6 +465,32 @@ def test_concurrent_requests_are_batched_and_split_back_correctly(server):
     assert 'attnzoo_requests_total{model="ntm.step",status="200"} 36.0' in metrics
 
 
+def _requests_served(url: str, model: str, status: str = "200") -> float:
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    prefix = f'attnzoo_requests_total{{model="{model}",status="{status}"}}'
+    return float(next((line.split()[-1] for line in metrics.splitlines() if line.startswith(prefix)), 0.0))
+
+
+def test_benchmark_raw_load_generator_counts_every_answer(server):
+    """scripts/bench_serving.py's keep-alive HTTP/1.1 client: every request answered and counted
+    once by the server, and an error status counted as an error."""
+    import asyncio
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serving", ROOT / "scripts" / "bench_serving.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    x = np.random.default_rng(7).integers(-1, 2, (1, TINY["act"]["input_size"])).astype(np.float32)
+    good = json.dumps({"inputs": [{"name": "x", "shape": [1, x.shape[1]], "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]}).encode()
+    before = _requests_served(server.url, "act")
+    result = asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", good, 40, 4))
+    assert result["errors"] == 0 and result["rps"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
+    assert _requests_served(server.url, "act") - before == 40 + 4 * 2  # the requests and 2 warm-ups per connection
+    bad = good.replace(b'"FP32"', b'"INT64"')  # wrong datatype: HTTP 400
+    assert asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", bad, 10, 2))["errors"] == 10
+
+
 # ---- bad input: 4xx with a clear error, the server stays up -----------------------------------
 def _x(shape=(1, 2, 5), datatype="FP32", data=None, name="x"):
     return {"inputs": [{"name": name, "shape": list(shape), "datatype": datatype,
