@@ -84,8 +84,8 @@ async def load_raw(url: str, body: bytes, requests: int, concurrency: int) -> di
 
 
 async def load_wrk(url: str, body: bytes, requests: int, concurrency: int) -> dict:
-    """The same load from `wrk` (C, one thread; Debian package `wrk`), run for as long as ``requests``
-    took the raw client at ~1,000 req/s; wrk counts by time, not by requests."""
+    """The same load from `wrk` (C, one thread; Debian package `wrk`). wrk runs for a time, not a
+    number of requests: ``requests`` / 1,000 seconds, at least 3."""
     import re
     import shutil
     import tempfile

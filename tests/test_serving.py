@@ -441,6 +441,12 @@ def test_infer_response_follows_the_spec(server):
     assert raw(server.url, "POST", "/v2/models/ntm/versions/1/infer", json.dumps(body).encode())[1] == resp
 
 
+def _metric(url: str, series: str) -> float:
+    """The value of one Prometheus series (name and labels exactly as exposed) at /metrics; 0 if absent."""
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return float(next((line.split()[-1] for line in metrics.splitlines() if line.startswith(series + " ")), 0.0))
+
+
 def test_concurrent_requests_are_batched_and_split_back_correctly(server):
     rng = np.random.default_rng(0)
     feeds = [rng.random((1, 5), dtype=np.float32) for _ in range(32)]
@@ -456,19 +462,10 @@ def test_concurrent_requests_are_batched_and_split_back_correctly(server):
         together = list(pool.map(call, feeds))
     for a, b in zip(alone, together[:4]):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
-    count = float(next(line.split()[-1] for line in metrics.splitlines()
-                       if line.startswith('attnzoo_batch_rows_count{model="ntm.step"}')))
-    rows = float(next(line.split()[-1] for line in metrics.splitlines()
-                      if line.startswith('attnzoo_batch_rows_sum{model="ntm.step"}')))
+    count = _metric(server.url, 'attnzoo_batch_rows_count{model="ntm.step"}')
+    rows = _metric(server.url, 'attnzoo_batch_rows_sum{model="ntm.step"}')
     assert rows == 36 and count < 36  # 36 requests of one row, fewer ONNX Runtime calls
-    assert 'attnzoo_requests_total{model="ntm.step",status="200"} 36.0' in metrics
-
-
-def _requests_served(url: str, model: str, status: str = "200") -> float:
-    metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    prefix = f'attnzoo_requests_total{{model="{model}",status="{status}"}}'
-    return float(next((line.split()[-1] for line in metrics.splitlines() if line.startswith(prefix)), 0.0))
+    assert _metric(server.url, 'attnzoo_requests_total{model="ntm.step",status="200"}') == 36
 
 
 def test_benchmark_raw_load_generator_counts_every_answer(server):
@@ -483,10 +480,11 @@ def test_benchmark_raw_load_generator_counts_every_answer(server):
     x = np.random.default_rng(7).integers(-1, 2, (1, TINY["act"]["input_size"])).astype(np.float32)
     good = json.dumps({"inputs": [{"name": "x", "shape": [1, x.shape[1]], "datatype": "FP32",
                                    "data": x.reshape(-1).tolist()}]}).encode()
-    before = _requests_served(server.url, "act")
+    served = 'attnzoo_requests_total{model="act",status="200"}'
+    before = _metric(server.url, served)
     result = asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", good, 40, 4))
     assert result["errors"] == 0 and result["rps"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
-    assert _requests_served(server.url, "act") - before == 40 + 4 * 2  # the requests and 2 warm-ups per connection
+    assert _metric(server.url, served) - before == 40 + 4 * 2  # the requests and 2 warm-ups per connection
     bad = good.replace(b'"FP32"', b'"INT64"')  # wrong datatype: HTTP 400
     assert asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", bad, 10, 2))["errors"] == 10
 
@@ -745,8 +743,7 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
         for _ in range(11):
             np.testing.assert_array_equal(client.infer("ntm", {"x": x})["logits"], first)
         for _ in range(4):  # whichever worker answers counts both workers' requests
-            metrics = urllib.request.urlopen(client.url + "/metrics", timeout=10).read().decode()
-            assert 'attnzoo_requests_total{model="ntm",status="200"} 12.0' in metrics
+            assert _metric(client.url, 'attnzoo_requests_total{model="ntm",status="200"}') == 12
     finally:
         proc.terminate()
         proc.wait(timeout=30)
