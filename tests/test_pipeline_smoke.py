@@ -31,6 +31,7 @@ def tiny_params(params: dict) -> dict:
         entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
         for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size", "height"):
             entry["model"].pop(key, None)  # these come from the prepared data
+        entry.pop("tune", None)  # a model's own tune budget (RAM, NTM recall) would override the tiny one above
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
