@@ -37,6 +37,11 @@ class NTMConfig:
     write_heads: int = 1
     shift_range: int = 1
     memory_init: float = 1e-6
+    # Start the write heads walking forward one slot per step (location mode, shift +1), so that
+    # from the first update every input lands in a slot of its own, as the trained NTM of the
+    # paper writes (its Figs. 6 and 13). Only the initial biases change; the heads stay free to
+    # learn any addressing. Off: plain initialisation, which copy and repeat copy learn from.
+    write_walk: bool = False
 
 
 @register("ntm", NTMConfig)
@@ -60,6 +65,22 @@ class NTM(nn.Module):
         focus[0] = 5.0
         self.init_read_logits = nn.Parameter(focus.repeat(cfg.read_heads, 1))
         self.init_write_logits = nn.Parameter(focus.repeat(cfg.write_heads, 1))
+        if cfg.write_walk:
+            self._bias_write_heads_to_walk()
+
+    @torch.no_grad()
+    def _bias_write_heads_to_walk(self) -> None:
+        """Write-head biases: g ≈ 0.02 (keep the previous weighting), shift +1 with p ≈ 0.96,
+        γ = 1 + softplus(2) ≈ 3.1 (re-sharpen). Weights stay as initialised: their contribution
+        (|W h| well below 1 at the start) does not outweigh a bias of ±4."""
+        m, r = self.cfg.word_size, self.cfg.shift_range
+        bias = self.write_params.bias.view(self.cfg.write_heads, -1)  # [W*P] -> [W,P]
+        gate = m + 1  # per-head layout: key M, β 1, g 1, shift Z, γ 1, erase M, add M
+        shift = gate + 1
+        bias[:, gate] = -4.0
+        bias[:, shift : shift + 2 * r + 1] = 0.0
+        bias[:, shift + r + 1] = 4.0  # index j moves by j - R slots (layers.circular_shift)
+        bias[:, shift + 2 * r + 1] = 2.0
 
     def initial_state(self, batch: int) -> list[Tensor]:
         """Returns [h, c, memory, reads, read_w, write_w] for ``batch`` sequences."""

@@ -212,3 +212,20 @@ def test_backward_reading_encoders_ignore_padding(encoder):
     padded = model.encode(batch["src"], batch["src_len"])
     assert_close(padded["memory"][2, :2], alone["memory"][0])
     assert_close(padded["h"][2], alone["h"][0])
+
+
+def test_ntm_write_walk_starts_one_slot_per_step():
+    """write_walk biases only the initial write head: untrained, it writes step t to slot t + 1
+    (the initial weighting sits on slot 0), nearly one-hot; without it the head does not walk."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 2, (3, 9, TINY["ntm"]["input_size"])).float()
+    walking = models.build("ntm", {**TINY["ntm"], "write_walk": True}).eval()
+    weights = walking.predict({"x": x})["write_weights"][:, :, 0]  # [B,T,W,N] -> [B,T,N]
+    assert weights.argmax(-1).tolist() == [list(range(1, 10))] * 3
+    assert weights.max(-1).values.min() > 0.99
+    torch.manual_seed(0)
+    plain = models.build("ntm", TINY["ntm"]).eval()
+    peaks = plain.predict({"x": x})["write_weights"][:, :, 0].argmax(-1)  # [B,T]
+    assert len(peaks.unique()) <= 2  # it stays near slot 0
+    # Same parameter shapes either way, so checkpoints and exports are unchanged.
+    assert [p.shape for p in walking.parameters()] == [p.shape for p in plain.parameters()]
