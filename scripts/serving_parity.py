@@ -3,7 +3,7 @@
     python scripts/serving_parity.py --sentences 200
 
 Starts `attnzoo serve` on model_repository/, sends raw German test sentences (the server tokenizes)
-copy-task sequences and caption canvases, and compares with the checkpoints in runs/ run by
+NTM sequences (copy, associative recall) and caption canvases, and compares with the checkpoints in runs/ run by
 PyTorch: greedy (`model.predict`) and beam search translations, NTM bits and logits, greedy
 captions and their attention. Models not in model_repository/ are skipped. Exits 1 on any difference.
 """
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.checkpoint import load_model  # noqa: E402
 from pipeline.config import resolve  # noqa: E402
 from pipeline.graphs import TorchGraph  # noqa: E402
-from pipeline.tasks.copy import CopyTask  # noqa: E402
+from pipeline.tasks import get_task  # noqa: E402
 from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving.client import Client  # noqa: E402
@@ -68,18 +68,20 @@ def translation(client: Client, name: str, n: int) -> bool:
     return greedy_same == n and beam_same == n
 
 
-def ntm(client: Client, n: int) -> bool:
-    run = resolve("ntm")
+def ntm(client: Client, name: str, splits: tuple[str, ...], n: int) -> bool:
+    """Bits identical on the first ``n`` sequences of each test split of the model's task."""
+    run = resolve(name)
     model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    task = get_task(run.task)
     ok = True
-    for length in (20, 40):
-        batch = CopyTask().collate(CopyTask().load(run.data_dir, f"test_{length}")[:n])
+    for split in splits:
+        batch = task.collate(task.load(run.data_dir, split)[:n])
         with torch.no_grad():
             ref = model.predict(batch)
-        got = client.infer("ntm", {"x": batch["x"].numpy()})
+        got = client.infer(name, {"x": batch["x"].numpy()})
         bits = np.array_equal(got["bits"], ref["bits"].numpy().astype(np.uint8))
         diff = float(np.abs(got["logits"] - ref["logits"].numpy()).max())
-        print(f"ntm length {length} × {n}: bits identical {bits}, largest logit difference {diff:.2e}")
+        print(f"{name} {split} × {n}: bits identical {bits}, largest logit difference {diff:.2e}")
         ok &= bits
     return ok
 
@@ -120,9 +122,11 @@ def main() -> None:
     try:
         if not client.wait_ready(30, alive=lambda: proc.poll() is None):
             raise SystemExit("error: the server did not become ready in 30 s")
-        checks = {"bahdanau": lambda: translation(client, "bahdanau", args.sentences),
-                  "bahdanau_none": lambda: translation(client, "bahdanau_none", args.sentences),
-                  "ntm": lambda: ntm(client, 32),
+        translators = ["bahdanau", "bahdanau_none", "luong_dot", "luong_general", "luong_concat",
+                       "luong_local_p", "transformer"]
+        checks = {**{name: (lambda name=name: translation(client, name, args.sentences)) for name in translators},
+                  "ntm": lambda: ntm(client, "ntm", ("test_20", "test_40"), 32),
+                  "ntm_recall": lambda: ntm(client, "ntm_recall", ("test_3", "test_6", "test_10"), 64),
                   "sat_soft": lambda: captions(client, "sat_soft", args.canvases),
                   "sat_hard": lambda: captions(client, "sat_hard", args.canvases)}
         ok = True

@@ -32,6 +32,11 @@ def tiny_params(params: dict) -> dict:
         for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size", "height"):
             entry["model"].pop(key, None)  # these come from the prepared data
         entry.pop("tune", None)  # a model's own tune budget (RAM, NTM recall) would override the tiny one above
+        # A 12-step walking NTM reads with weights ~1e3 times more sensitive to rounding than a
+        # plain one: ORT and PyTorch differ by up to 7e-4 there, beyond the real 1e-4 gate. That
+        # path's parity is tested in test_registry (tiny, untrained) and gated at export on the
+        # trained model (2e-5); here the pipeline runs the plain NTM.
+        entry["model"].pop("write_walk", None)
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,

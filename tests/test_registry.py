@@ -229,3 +229,21 @@ def test_ntm_write_walk_starts_one_slot_per_step():
     assert len(peaks.unique()) <= 2  # it stays near slot 0
     # Same parameter shapes either way, so checkpoints and exports are unchanged.
     assert [p.shape for p in walking.parameters()] == [p.shape for p in plain.parameters()]
+
+
+def test_ntm_write_walk_exports_with_parity(tmp_path):
+    """The walking write head makes read addressing far more sensitive to rounding (untrained:
+    read weights differ by ~1.5e-4 between ORT and PyTorch, against ~1e-7 without the walk), so
+    its export gets its own check: copy sequences up to 20 vectors, 12 and 32 slots."""
+    g = torch.Generator().manual_seed(1)
+    from pipeline.tasks.copy import CopyTask
+
+    long = CopyTask().collate([torch.randint(0, 2, (n, 4), generator=g, dtype=torch.uint8) for n in (20, 15, 9)])
+    for slots in (12, 32):
+        torch.manual_seed(0)
+        model = models.build("ntm", {**TINY["ntm"], "memory_size": slots, "write_walk": True}).eval()
+        export_onnx(model, tmp_path / str(slots))
+        cases = [("b3", tiny_batch("ntm", seed=3, batch=3)), ("long", long)]
+        report = parity_check(model, tmp_path / str(slots), cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+        assert report["passed"], report
+        assert all(c["e2e"]["decisions"]["mismatches"] == 0 for c in report["cases"])
