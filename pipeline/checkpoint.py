@@ -1,8 +1,10 @@
 """Checkpoints: ``model.safetensors`` + ``config.json`` (the resolved config, so export and
-serving never read params.yaml), plus ``trainer.pt`` (optimizer, schedule, progress) in ``last``.
+serving never read params.yaml), plus ``trainer.pt`` (optimizer, schedule, progress, every
+process's RNG states) in ``last``.
 
 Writes go to a temporary folder that is renamed into place, so a kill mid-save never leaves a
-half-written checkpoint behind.
+half-written checkpoint behind; a kill between the two renames leaves the previous checkpoint as
+``<name>.old``, which :func:`load_last` falls back to.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def save(path: Path, model: nn.Module, run: RunConfig, optimizer=None, scheduler
     (tmp / "config.json").write_text(json.dumps(as_dict(run), indent=2))
     if optimizer is not None:
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "state": state, "rng": torch.get_rng_state()}, tmp / "trainer.pt")
+                    "state": state}, tmp / "trainer.pt")
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -41,21 +43,24 @@ def save(path: Path, model: nn.Module, run: RunConfig, optimizer=None, scheduler
 
 def load_last(ckpt: Path, digest: str, model: nn.Module, optimizer, scheduler) -> dict | None:
     """Restore ``ckpt/last`` into model/optimizer/scheduler if it was written with the same
-    config (``digest``); returns the saved progress, or None to start fresh."""
-    trainer = Path(ckpt) / "last" / "trainer.pt"
+    config (``digest``); returns the saved progress (with ``rng``, one state per process), or
+    None to start fresh. The caller restores the RNG states at the right moment."""
+    folder = Path(ckpt) / "last"
+    if not (folder / "trainer.pt").exists():  # killed between save()'s two renames
+        folder = Path(ckpt) / "last.old"
+    trainer = folder / "trainer.pt"
     if not trainer.exists():
         return None
     try:
         saved = torch.load(trainer, weights_only=False)
         if saved["state"].get("hash") != digest:
             return None
-        model.load_state_dict(load_file(str(Path(ckpt) / "last" / "model.safetensors")))
+        model.load_state_dict(load_file(str(folder / "model.safetensors")))
     except Exception as err:  # a corrupt file must not kill the run: start over, say why
         print(f"warning: ignoring unreadable checkpoint {trainer.parent} ({err}); starting fresh")
         return None
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
-    torch.set_rng_state(saved["rng"])
     return {k: v for k, v in saved["state"].items() if k != "hash"}
 
 

@@ -1,10 +1,16 @@
 """Stage ``train@<model>``: the one training loop every model shares.
 
 The loop only sees ``Accelerator``: one process by default, many under ``accelerate launch`` or
-``torchrun`` (DESIGN §6). Each model supplies ``loss(batch)``; the loop handles batching,
-schedule, clipping, validation, MLflow logging (main process only) and checkpoints:
-``<out>/checkpoint/last`` (weights + optimizer + progress, for resuming after a kill) and
-``<out>/checkpoint/best`` (weights + resolved config, lowest validation loss).
+``torchrun`` (docs/cluster.md). Each model supplies ``loss(batch)``; the loop
+handles batching, schedule, clipping, validation, MLflow logging (main process only) and
+checkpoints: ``<out>/checkpoint/last`` (weights, optimizer, schedule, every rank's RNG and the
+data position, for resuming after a kill) and ``<out>/checkpoint/best`` (weights + resolved
+config, lowest validation loss).
+
+Scale-independent semantics: ``batch_size`` is the *global* batch. Every process builds the same
+global batches and takes its contiguous slice of each, so an optimizer step sees the same items,
+the step count and the learning-rate schedule are the same on 1 or N processes, and (without
+dropout, equal-sized slices) the averaged gradient equals the full-batch gradient.
 """
 
 from __future__ import annotations
@@ -15,12 +21,18 @@ import importlib
 import inspect
 import json
 import math
+import os
 import random
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
+from accelerate.utils import send_to_device
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -61,10 +73,26 @@ def bucket_batches(lengths: list[int], batch_size: int, seed: int, shuffle: bool
     return batches
 
 
-def make_loader(task, items: list, batch_size: int, seed: int, shuffle: bool) -> DataLoader:
-    lengths = [task.length(it) for it in items]
-    return DataLoader(items, batch_sampler=bucket_batches(lengths, batch_size, seed, shuffle),
-                      collate_fn=task.collate)
+def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    """This process's contiguous slice of every global batch.
+
+    A global batch smaller than ``world`` is repeated to fill every slice: a process with an
+    empty slice would leave the others waiting in the gradient all-reduce.
+    """
+    if world == 1:
+        return batches
+    out = []
+    for b in batches:
+        if len(b) < world:
+            b = (b * world)[:world]
+        out.append(b[rank * len(b) // world : (rank + 1) * len(b) // world])
+    return out
+
+
+def make_loader(task, items: list, batches: list[list[int]]) -> DataLoader:
+    # Creating an iterator of this loader draws one seed from torch's global RNG (DataLoader's
+    # base seed); resume relies on that happening at the same point as in an uninterrupted run.
+    return DataLoader(items, batch_sampler=batches, collate_fn=task.collate)
 
 
 def lr_lambda(cfg, total_steps: int) -> Callable[[int], float]:
@@ -88,12 +116,23 @@ def has_accelerator() -> bool:
             or bool(xpu and xpu.is_available()))
 
 
+# Train-config keys that cannot change what is learned: a resume must not start over for them.
+_NOT_IDENTITY = ("log_every", "checkpoint_every_s")
+
+
 def config_hash(run: RunConfig) -> str:
-    """Identity of a training run, checked before resuming: the resolved config, the model's
-    source code and the prepared data. A checkpoint of other code or data is never resumed."""
-    digest = hashlib.sha256(json.dumps(as_dict(run), sort_keys=True).encode())
-    model_module = importlib.import_module(models.REGISTRY[run.arch].model_cls.__module__)
-    for module in (model_module, importlib.import_module("models.layers")):
+    """Identity of a training run, checked before resuming: the resolved config, the code that
+    trains it (the model's module, ``models/layers.py``, this loop, the task's modules with their
+    collate functions) and the prepared data. A checkpoint of other code or data is never taken
+    as this run's progress, so a stage re-run for a code change really trains again."""
+    config = as_dict(run)
+    config["train"] = {k: v for k, v in config["train"].items() if k not in _NOT_IDENTITY}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    task_modules = [importlib.import_module(c.__module__) for c in type(get_task(run.task)).__mro__
+                    if c.__module__.startswith("pipeline.tasks")]
+    code = [importlib.import_module(models.REGISTRY[run.arch].model_cls.__module__),
+            importlib.import_module("models.layers"), importlib.import_module("pipeline.train"), *task_modules]
+    for module in dict.fromkeys(code):  # ordered, without repeats
         digest.update(inspect.getsource(module).encode())
     manifest = run.data_dir / "manifest.json"
     if manifest.exists():
@@ -103,11 +142,12 @@ def config_hash(run: RunConfig) -> str:
 
 @torch.no_grad()
 def validate(model: nn.Module, loader, accelerator) -> dict[str, float]:
-    """Mean loss and logs over the loader, summed across processes."""
+    """Mean loss and logs over this process's slices of the validation batches, summed across
+    processes (so the figure is the same at every process count)."""
     model.eval()
     totals: dict[str, torch.Tensor] = {}
     for batch in loader:
-        loss, logs = model(batch)
+        loss, logs = model(send_to_device(batch, accelerator.device))
         n = torch.tensor(float(len(next(iter(batch.values())))))
         for key, value in {"loss": loss, **logs}.items():
             totals[key] = totals.get(key, torch.zeros(())) + value.detach().float().cpu() * n
@@ -117,6 +157,35 @@ def validate(model: nn.Module, loader, accelerator) -> dict[str, float]:
     summed = accelerator.reduce(torch.stack([totals[k] for k in keys]).to(accelerator.device), "sum")
     count = summed[keys.index("_n")].item()
     return {f"val_{k}": summed[i].item() / count for i, k in enumerate(keys) if k != "_n"}
+
+
+def rng_state() -> dict:
+    """Every RNG a training step may draw from (torch, numpy, Python), for exact resume."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(saved: dict) -> None:
+    torch.set_rng_state(saved["torch"])
+    np.random.set_state(saved["numpy"])
+    random.setstate(saved["python"])
+
+
+def gather_rng(accelerator) -> list[dict]:
+    """Each process's RNG state, in rank order (ranks draw differently: their slices differ)."""
+    if accelerator.num_processes == 1:
+        return [rng_state()]
+    out: list = [None] * accelerator.num_processes
+    torch.distributed.all_gather_object(out, rng_state())
+    return out
+
+
+def agree(accelerator, *flags: bool) -> list[bool]:
+    """Each flag OR-ed over all processes, so every rank takes the same branch (stop on a
+    non-finite loss, save a checkpoint) and none is left waiting in a collective."""
+    if accelerator.num_processes == 1:
+        return list(flags)
+    t = torch.tensor([float(f) for f in flags], device=accelerator.device)
+    return [bool(v) for v in accelerator.reduce(t, "sum").tolist()]
 
 
 def train(
@@ -140,43 +209,79 @@ def train(
     from tqdm.auto import tqdm
 
     accelerator = Accelerator(cpu=not has_accelerator())
+    rank, world = accelerator.process_index, accelerator.num_processes
     cfg = run.train
     set_seed(cfg.seed)
     out_dir = Path(out_dir or run.run_dir)
     ckpt = out_dir / "checkpoint"
     task = get_task(run.task)
     train_items = task.load(run.data_dir, "train")
-    val_loader = accelerator.prepare(make_loader(task, task.load(run.data_dir, "val"), cfg.batch_size, 0, False))
-    steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
-    steps_per_epoch = math.ceil(steps_per_epoch / accelerator.num_processes)
+    lengths = [task.length(it) for it in train_items]
+    val_items = task.load(run.data_dir, "val")
+    val_batches = bucket_batches([task.length(it) for it in val_items], cfg.batch_size, 0, False)
+    val_loader = make_loader(task, val_items, [b for b in shard(val_batches, rank, world) if b])
+    steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)  # global batches: any process count
     total = steps_per_epoch * cfg.epochs
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     eval_every = cfg.eval_every or steps_per_epoch
 
     model = models.build(run.arch, run.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
+    # optimizer step (N times too fast on N processes). Stepped here once per global step.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total))
-    wrapped, optimizer, scheduler = accelerator.prepare(_LossModule(model), optimizer, scheduler)
+    wrapped, optimizer = accelerator.prepare(_LossModule(model), optimizer)
+    plain = accelerator.unwrap_model(wrapped)  # validation needs no gradient sync
 
     digest = config_hash(run)
     state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None}
-    resumed = checkpoint.load_last(ckpt, digest, accelerator.unwrap_model(wrapped).model, optimizer, scheduler)
+    resumed = checkpoint.load_last(ckpt, digest, plain.model, optimizer, scheduler)
+    saved_rng = None
     if resumed:
+        saved_rng = resumed.pop("rng")[rank] if resumed.get("rng") else None
         state.update(resumed)
         accelerator.print(f"resuming {run.name} from step {state['step']}")
     main = accelerator.is_main_process
     started = time.time()
+
+    def save_last() -> None:
+        rngs = gather_rng(accelerator)  # a collective: every rank takes part
+        if main:
+            checkpoint.save(ckpt / "last", plain.model, run, optimizer, scheduler,
+                            {**state, "hash": digest, "rng": rngs})
+        accelerator.wait_for_everyone()
+
     with tracking.run(run.name, "train", enabled=main, parent_run_id=parent_run_id,
-                      params=as_dict(run)) as mlflow:
+                      params=as_dict(run), run_id=state["mlflow_run_id"]) as mlflow:
+        if mlflow:
+            state["mlflow_run_id"] = mlflow.active_run().info.run_id
         bar = tqdm(total=total, initial=state["step"], disable=not (main and progress),
                    desc=f"train {run.name}", mininterval=2, dynamic_ncols=True)
         last_val: dict[str, float] = {}
+        last_save = time.monotonic()
         while state["step"] < total:
-            epoch = state["step"] // steps_per_epoch
-            loader = accelerator.prepare(make_loader(task, train_items, cfg.batch_size, cfg.seed + epoch, True))
-            loader = accelerator.skip_first_batches(loader, state["step"] - epoch * steps_per_epoch)
-            for batch in loader:
-                loss, logs = wrapped(batch)
+            epoch, position = divmod(state["step"], steps_per_epoch)
+            batches = shard(bucket_batches(lengths, cfg.batch_size, cfg.seed + epoch, True), rank, world)
+            # The saved RNG state is the one right after the last finished step. An uninterrupted
+            # run creates an epoch's iterator (which draws a seed) at the epoch's start, so a
+            # resume restores the state before creating it at a boundary, after it mid-epoch.
+            if saved_rng is not None and position == 0:
+                set_rng_state(saved_rng)
+                saved_rng = None
+            iterator = iter(make_loader(task, train_items, batches[position:]))
+            if saved_rng is not None:
+                set_rng_state(saved_rng)
+                saved_rng = None
+            for batch in iterator:
+                loss, logs = wrapped(send_to_device(batch, accelerator.device))
+                due = time.monotonic() - last_save >= cfg.checkpoint_every_s
+                bad, due = agree(accelerator, not torch.isfinite(loss).item(), due)
+                if bad:  # every rank stops here, before a collective the others would never join
+                    raise FloatingPointError(
+                        f"{run.name}: the training loss became non-finite at step {state['step'] + 1}"
+                        f"{' on one or more of ' + str(world) + ' processes' if world > 1 else ''}; "
+                        f"lower lr or raise grad_clip, then re-run (progress up to step "
+                        f"{state['step']} is kept)")
                 optimizer.zero_grad(set_to_none=True)
                 accelerator.backward(loss)
                 if cfg.grad_clip:
@@ -185,36 +290,33 @@ def train(
                 scheduler.step()
                 state["step"] += 1
                 bar.update(1)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"{run.name}: loss became {loss.item()} at step {state['step']}")
                 if mlflow and state["step"] % cfg.log_every == 0:
                     mlflow.log_metrics({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0],
                                         **{f"train_{k}": v.item() for k, v in logs.items()}},
                                        step=state["step"])
                     bar.set_postfix(loss=f"{loss.item():.3f}")
-                if state["step"] % eval_every == 0 or state["step"] >= total:
-                    last_val = validate(wrapped, val_loader, accelerator)
+                validating = state["step"] % eval_every == 0 or state["step"] >= total
+                if validating:
+                    last_val = validate(plain, val_loader, accelerator)
                     improved = last_val["val_loss"] < state["best"]
                     if improved:
                         state.update(best=last_val["val_loss"], best_step=state["step"])
                     if mlflow:
                         mlflow.log_metrics(last_val, step=state["step"])
-                        state["mlflow_run_id"] = mlflow.active_run().info.run_id
-                    if main:
-                        unwrapped = accelerator.unwrap_model(wrapped).model
-                        checkpoint.save(ckpt / "last", unwrapped, run, optimizer, scheduler, {**state, "hash": digest})
-                        if improved:
-                            checkpoint.save(ckpt / "best", unwrapped, run)
-                    accelerator.wait_for_everyone()
+                    if main and improved:
+                        checkpoint.save(ckpt / "best", plain.model, run)
                     bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{last_val['val_loss']:.3f}")
-                    if report:
-                        report({**last_val, "step": state["step"]})
+                if validating or due:
+                    save_last()
+                    last_save = time.monotonic()
+                if validating and report:
+                    report({**last_val, "step": state["step"]})
                 if state["step"] >= total:
                     break
         bar.close()
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"],
                    "steps": state["step"], "train_seconds": round(time.time() - started, 1),
-                   "processes": accelerator.num_processes}
+                   "processes": world}
         if mlflow:
             mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             if main:
@@ -223,15 +325,41 @@ def train(
     return summary
 
 
+LAUNCHER_ENV = "ATTNZOO_LAUNCHER"
+
+
+def launch_command(launcher: str, argv: list[str]) -> list[str]:
+    """``ATTNZOO_LAUNCHER="torchrun --nnodes 2 ..."`` + this stage's arguments → the command that
+    runs this module under that launcher (torchrun and ``accelerate launch`` both take ``-m``)."""
+    return [*shlex.split(launcher), "-m", "pipeline.train", *argv]
+
+
 def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import parse_overrides, run_cli
 
-    ap = argparse.ArgumentParser(description="Train one model entry of params.yaml.")
+    ap = argparse.ArgumentParser(
+        description="Train one model entry of params.yaml.",
+        epilog=f"Multi-node: set {LAUNCHER_ENV} to a launch prefix (e.g. 'torchrun --nnodes 2 --nproc_per_node 1 "
+               "--node_rank 0 --master_addr HEAD --master_port 29500') and this command, or `dvc repro "
+               "train@MODEL`, re-runs itself under it; see docs/cluster.md.")
     ap.add_argument("model")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override config values, e.g. lr=3e-4 epochs=1")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/<model>)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
+    launcher = os.environ.get(LAUNCHER_ENV, "").strip()
+    # A launched worker has RANK set (torchrun, accelerate launch): it trains; it must not launch again.
+    if launcher and "RANK" not in os.environ:
+        cmd = launch_command(launcher, argv)
+        print(f"{LAUNCHER_ENV}: {shlex.join(cmd)}", flush=True)
+        try:
+            code = subprocess.call(cmd)
+        except FileNotFoundError:
+            print(f"error: {LAUNCHER_ENV}='{launcher}' names a program that is not installed "
+                  f"(install it, or unset {LAUNCHER_ENV} to train in this process)", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise SystemExit(code)
     run_cli(lambda: train(resolve(args.model, overrides=parse_overrides(args.set)), args.out))
 
 
