@@ -38,8 +38,13 @@ from torch.utils.data import DataLoader
 
 import models
 from pipeline import checkpoint, tracking
-from pipeline.config import RunConfig, as_dict, resolve
+from pipeline.config import RunConfig, UserError, as_dict, resolve
 from pipeline.tasks import get_task
+
+
+class NonFiniteLoss(UserError, FloatingPointError):
+    """The training loss became NaN or infinite: the CLI prints one sentence (a ``UserError``), Ray
+    Tune records the trial as failed (a ``FloatingPointError``)."""
 
 
 class _LossModule(nn.Module):
@@ -277,11 +282,10 @@ def train(
                 due = time.monotonic() - last_save >= cfg.checkpoint_every_s
                 bad, due = agree(accelerator, not torch.isfinite(loss).item(), due)
                 if bad:  # every rank stops here, before a collective the others would never join
-                    raise FloatingPointError(
-                        f"{run.name}: the training loss became non-finite at step {state['step'] + 1}"
-                        f"{' on one or more of ' + str(world) + ' processes' if world > 1 else ''}; "
-                        f"lower lr or raise grad_clip, then re-run (progress up to step "
-                        f"{state['step']} is kept)")
+                    where = f" on one or more of {world} processes" if world > 1 else ""
+                    raise NonFiniteLoss(
+                        f"{run.name}: loss became non-finite (nan or inf) at step {state['step'] + 1}{where}; "
+                        f"lower lr or grad_clip (--set lr=... grad_clip=...) and re-run")
                 optimizer.zero_grad(set_to_none=True)
                 accelerator.backward(loss)
                 if cfg.grad_clip:

@@ -1,5 +1,5 @@
-"""Two "nodes" on loopback (torchrun, gloo): the shared training loop keeps their weights
-identical and logs exactly one MLflow run."""
+"""Several processes on loopback (torchrun, gloo): the shared loop means the same at every
+process count, and a failure on one rank stops them all."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from pipeline.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
 
 pytestmark = pytest.mark.slow
+WORKER = str(ROOT / "tests" / "multinode_worker.py")
 
 
 def free_port() -> int:
@@ -25,42 +28,90 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_stay_in_sync(tmp_path):
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 256, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
+def torchrun(nodes: int, port: int, rank: int) -> list[str]:
+    """One "node" of a torchrun job on loopback: one process per node, a real process group."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc_per_node", "1",
+            "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port)]
+
+
+def start(cmd: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n\n".join(log[-3000:] for log in logs)
+    return logs
+
+
+def copy_root(tmp: Path, train: dict) -> Path:
+    """Fixed-length copy sequences (4 vectors each): every item weighs the same in the loss, so
+    the mean over two equal slices of a batch is the mean over the batch."""
+    prepare("copy", {"seed": 1, "bits": 4, "min_len": 4, "max_len": 4, "train_size": 64, "val_size": 16,
+                     "test_size": 4, "test_lengths": [4]}, tmp / "data" / "prepared" / "copy")
     model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
-    params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model,
-              "train": {"max_steps": 6, "eval_every": 3, "batch_size": 8, "warmup_steps": 1, "seed": 3}}}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": train}}}
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp
+
+
+def lr_by_step(db: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each MLflow training run's logged learning rate, by step."""
+    con = sqlite3.connect(db)
+    out: dict[str, list] = {}
+    for run, step, value in con.execute("select run_uuid, step, value from metrics where key = 'lr' order by step"):
+        out.setdefault(run, []).append((step, value))
+    return out
+
+
+def test_one_and_two_processes_train_the_same_model(tmp_path):
+    # batch_size is the global batch: 2 processes take 4 items each of the same 8, so with no
+    # dropout they take the same steps as 1 process on all 8 (up to float summation order).
+    root = copy_root(tmp_path, {"epochs": 2, "eval_every": 8, "batch_size": 8, "warmup_steps": 3, "seed": 3,
+                                "log_every": 1, "lr": 0.01})
     env = venv_env(tmp_path)
     env["PYTHONPATH"] = str(ROOT)
+    finish([start([sys.executable, WORKER, str(root), str(tmp_path / "one")], env)])
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-             "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
-             str(ROOT / "tests" / "multinode_worker.py"), str(tmp_path), str(tmp_path / "out")],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in (0, 1)
-    ]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n\n".join(log[-3000:] for log in logs)
-    r0 = torch.load(tmp_path / "out" / "rank0.pt")
-    r1 = torch.load(tmp_path / "out" / "rank1.pt")
-    assert r0["world"] == r1["world"] == 2
-    initial = {k: v.clone() for k, v in r0["state"].items()}
+    finish([start([*torchrun(2, port, rank), WORKER, str(root), str(tmp_path / "two")], env) for rank in (0, 1)])
+
+    one = torch.load(tmp_path / "one" / "rank0.pt")
+    r0, r1 = torch.load(tmp_path / "two" / "rank0.pt"), torch.load(tmp_path / "two" / "rank1.pt")
+    assert (one["world"], r0["world"], r1["world"]) == (1, 2, 2)
     for key in r0["state"]:
-        assert torch.equal(r0["state"][key], r1["state"][key]), key
-    # and training moved the weights (the ranks did not merely both stay at their init)
+        assert torch.equal(r0["state"][key], r1["state"][key]), key  # ranks never drift apart
+        torch.testing.assert_close(r0["state"][key], one["state"][key], rtol=0, atol=2e-6, msg=key)
+    # the weights moved: the agreement is not two untouched initialisations
     from models import build
 
     torch.manual_seed(3)
-    fresh = build("ntm", {**model, "input_size": 5, "output_size": 4}).state_dict()
-    assert any(not torch.equal(fresh[k], initial[k]) for k in fresh)
-    db = sqlite3.connect(tmp_path / "mlflow.db")
-    stages = [r[0] for r in db.execute("select value from tags where key = 'stage'")]
-    assert stages == ["train"], stages
-    assert (tmp_path / "out" / "checkpoint" / "best" / "model.safetensors").exists()
-    # a real process group: Accelerate saw two processes, and each took half of the batches
-    summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
-    assert summary["processes"] == 2 and summary["steps"] == 6
+    fresh = build("ntm", {**TINY["ntm"], "input_size": 5, "output_size": 4}).state_dict()
+    assert any((fresh[k] - one["state"][k]).abs().max() > 1e-3 for k in fresh)
+
+    # the same learning rate at every one of the 16 steps (8 per epoch at any process count)
+    runs = lr_by_step(tmp_path / "mlflow.db")
+    assert len(runs) == 2, runs  # one MLflow run per job: rank 1 never logs
+    a, b = runs.values()
+    assert [s for s, _ in a] == list(range(1, 17))
+    assert a == b
+    for name in ("one", "two"):
+        summary = json.loads((tmp_path / name / "train_summary.json").read_text())
+        assert summary["steps"] == 16 and summary["processes"] == {"one": 1, "two": 2}[name]
+
+
+def test_nan_on_one_rank_stops_every_rank_with_one_clear_error(tmp_path):
+    root = copy_root(tmp_path, {"max_steps": 40, "eval_every": 20, "batch_size": 8, "warmup_steps": 1})
+    env = venv_env(tmp_path)
+    env["PYTHONPATH"] = str(ROOT)
+    port = free_port()
+    started = time.monotonic()
+    procs = [start([*torchrun(2, port, rank), WORKER, str(root), str(tmp_path / "out"), "--nan-at-step", "3",
+                    "--nan-rank", "1"], env) for rank in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), logs
+    assert time.monotonic() - started < 120  # stopped, not hung in a collective until a timeout
+    for log in logs:  # each rank names the step, says it may have been another process, and the fix
+        assert "error: ntm: loss became non-finite (nan or inf) at step 3 on one or more of 2 processes" in log, log
+        assert "lower lr" in log
+        assert "Traceback" not in log.split("error: ntm:")[0][-2000:], log
