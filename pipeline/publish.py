@@ -174,6 +174,8 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
 
 
 def publish(run: RunConfig, root: Path = ROOT) -> dict:
+    # Before a version is written: a re-run finds it unchanged and would never register it in MLflow.
+    tracking.ensure_reachable(root)
     onnx_dir = run.run_dir / "onnx"
     parity_path, metrics_path = run.run_dir / "parity.json", run.run_dir / "metrics.json"
     if not parity_path.exists() or not metrics_path.exists():

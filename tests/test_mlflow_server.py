@@ -1,0 +1,158 @@
+"""Tracking-server mode: the stage CLIs of a tiny model against a real ``mlflow server`` over HTTP.
+
+Artifacts must reach the server's store (proxied ``mlflow-artifacts:``), the registry and its
+``production`` alias must read back over HTTP, runs carry ``mlflow.source.git.commit``, a resumed
+run id continues its run, and a dead server is one clear sentence within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import UserError
+from pipeline.prepare import prepare
+from tests.conftest import TINY, copy_repo, venv_env
+from tests.mlflow_server import free_port, mlflow_server
+
+pytestmark = pytest.mark.slow
+
+PARITY = {"seed": 1, "bits": 6, "train_size": 256, "val_size": 32, "test_size": 300}  # export's cases use 264
+# The four stages, each through its CLI entry point, in one interpreter: a process per stage would
+# spend most of this test importing torch and MLflow (ACT on parity: the tiny model whose export is fastest).
+STAGES = ("from pipeline import train, evaluate, export, publish\n"
+          "for stage in (train, evaluate, export, publish): stage.main(['act'])")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A committed copy of the repository whose only model is a tiny ACT on a tiny parity task."""
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    # the real models' lineage and outputs would otherwise be this one's
+    for path in ("dvc.lock", "runs", "results", "reports"):
+        subprocess.run(["rm", "-rf", str(repo / path)], check=True)
+    model = {k: v for k, v in TINY["act"].items() if k != "input_size"}
+    params = {"train": {}, "tasks": {"parity": PARITY}, "models": {"act": {
+        "arch": "act", "task": "parity", "model": model,
+        "train": {"max_steps": 4, "eval_every": 2, "batch_size": 16, "warmup_steps": 1},
+        "parity": {"atol": 1.0e-4, "rtol": 1.0e-3},
+        "bar": [{"metric": "accuracy", "op": ">=", "value": 0.0}]}}}  # met by any model: publish sets the alias
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    prepare("parity", PARITY, repo / "data" / "prepared" / "parity")
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "snapshot"]):
+        subprocess.run(git + cmd, cwd=repo, check=True, capture_output=True)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(url, artifacts folder) of one server shared by this module's tests (it takes ~12 s to start)."""
+    tmp = tmp_path_factory.mktemp("mlflow_server")
+    with mlflow_server(tmp) as url:
+        yield url, tmp / "artifacts"
+
+
+def stage(repo: Path, uri: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = venv_env(repo)
+    env["MLFLOW_TRACKING_URI"] = uri
+    return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_stages_log_to_a_tracking_server(repo, server):
+    import mlflow
+
+    url, artifacts = server
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    proc = stage(repo, url, "-c", STAGES)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "act: version 1 in model_repository/act (production)" in proc.stdout, proc.stdout
+
+    client = mlflow.MlflowClient(tracking_uri=url)
+    experiment = client.get_experiment_by_name("attnzoo")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
+    found = client.search_runs([experiment.experiment_id], "tags.model = 'act'")
+    runs = {r.data.tags["stage"]: r for r in found}
+    assert len(found) == 4 and sorted(runs) == ["evaluate", "export", "publish", "train"], found
+    assert all(r.data.tags["mlflow.source.git.commit"] == commit for r in found)
+    assert all("git_commit" not in r.data.tags for r in found)
+
+    # The files reached the server's --artifacts-destination, not this repository.
+    def logged(stage_name: str) -> set[str]:
+        root = artifacts / experiment.experiment_id / runs[stage_name].info.run_id / "artifacts"
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    assert {"plots/by_length.png", "plots/halting.png", "metrics.json"} <= logged("evaluate")
+    assert "parity.json" in logged("export")
+    graphs = json.loads((repo / "model_repository" / "act" / "1" / "metadata.json").read_text())["graphs"]
+    assert graphs and {f"model/{g}.onnx" for g in graphs} | {"model/metadata.json"} <= logged("publish")
+    assert not (repo / "mlartifacts").exists()
+
+    # The registry over HTTP: version 1 from the publish run, promoted to production.
+    version = client.get_model_version_by_alias("act", "production")
+    assert version.version == "1" and version.run_id == runs["publish"].info.run_id
+    assert version.source.startswith("mlflow-artifacts:") and version.tags["repository_version"] == "1"
+
+
+def test_resume_continues_the_same_run(server, monkeypatch, capsys):
+    import mlflow
+
+    from pipeline import tracking
+
+    url, _ = server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    params = {"train": {"lr": 0.01, "sizes": [1, 2]}}
+    with tracking.run("resume_probe", "train", params=params) as run:
+        first = run.active_run().info.run_id
+        run.log_metric("val_loss", 2.0, step=2)
+    # as after a SIGKILL: the checkpoint's run id, and the same params logged again
+    with tracking.run("resume_probe", "train", params=params, run_id=first) as run:
+        assert run.active_run().info.run_id == first
+        run.log_metric("val_loss", 1.0, step=4)
+    with tracking.run("resume_probe", "train", params=params, run_id="0" * 32) as run:
+        fresh = run.active_run().info.run_id
+    assert fresh != first
+    assert f"MLflow run {'0' * 32} not found" in capsys.readouterr().out
+
+    client = mlflow.MlflowClient(tracking_uri=url)
+    assert sorted(m.step for m in client.get_metric_history(first, "val_loss")) == [2, 4]
+    assert client.get_run(first).data.params == {"train.lr": "0.01", "train.sizes": "[1, 2]"}
+    assert client.get_run(first).info.status == "FINISHED"
+
+
+def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
+    from pipeline import tracking
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(UserError, match="start it, or unset MLFLOW_TRACKING_URI"):
+        tracking.check_server(dead)
+    assert time.monotonic() - started < 5
+
+    # The stage CLI: exit code 2, one line, no traceback, long before MLflow's retries would give up
+    # (minutes). Most of the bound is importing torch and MLflow on a busy machine.
+    started = time.monotonic()
+    proc = stage(repo, dead, "-m", "pipeline.train", "act", "--out", str(repo / "runs" / "unreachable"), timeout=120)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and dead in errors[0] and "start it, or unset MLFLOW_TRACKING_URI" in errors[0], errors
+    assert elapsed < 60, elapsed
+
+    # publish refuses before it writes a version, which a re-run would find unchanged and never register
+    from pipeline.config import resolve
+    from pipeline.publish import publish
+
+    versions = sorted(p.name for p in (repo / "model_repository" / "act").glob("*"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
+    with pytest.raises(UserError, match="start it, or unset MLFLOW_TRACKING_URI"):
+        publish(resolve("act", root=repo), root=repo)
+    assert sorted(p.name for p in (repo / "model_repository" / "act").glob("*")) == versions
