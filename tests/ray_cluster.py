@@ -1,0 +1,154 @@
+"""A real two-node Ray cluster on loopback, for tests: a head and one worker, separate processes.
+
+Each node is a ``ray start --block`` process in its own session, so this context manager owns
+exactly those processes and their children: on exit it signals the two process groups and never
+runs ``ray stop``, which would also stop every other Ray instance on the machine. Every port a
+node would otherwise take from a fixed default (client server 10001, dashboard agent 52365, ...)
+is a free one, and each node has its own short ``--temp-dir``, so clusters started side by side
+(other tests, other engineers) do not collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _node_ports() -> list[str]:
+    """Free ports for the per-node services whose defaults are fixed numbers."""
+    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
+            "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port())]
+
+
+# A small object store: trials pass only metrics, and /dev/shm is shared with other work.
+COMMON = ["--block", "--node-ip-address", HOST, "--num-cpus", "1", "--num-gpus", "0",
+          "--object-store-memory", "100000000", "--disable-usage-stats", "--log-style", "record"]
+
+# The script run by the readiness check: a driver that joins, lists the nodes and leaves.
+_PROBE = """
+import json, sys, ray
+ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, configure_logging=False)
+print(json.dumps([n["NodeID"] for n in ray.nodes() if n["Alive"]]))
+"""
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM each node's process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    # Raylet and GCS share the group of `ray start`, but each worker process gets a group of its own:
+    # sweep the whole session (start_new_session made `ray start` its leader) for leftovers.
+    for proc in procs:
+        for pid in [proc.pid, *_session_members(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids in session ``sid`` (Linux /proc; elsewhere none are found and the group kill has to do)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+            if int(fields[3]) == sid and int(stat.parent.name) != os.getpid():
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+def alive_nodes(address: str, env: dict[str, str] | None = None) -> list[str]:
+    """Node ids of the alive nodes, asked by a throwaway driver (a subprocess: this one stays Ray-free)."""
+    env = env if env is not None else {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", _PROBE, address], env=env, capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        return []
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes: int = 2, timeout: float = 90.0) -> Iterator[str]:
+    """Start a head and ``nodes - 1`` workers (1 CPU each) on 127.0.0.1; yields ``127.0.0.1:PORT``.
+
+    Raises RuntimeError with the nodes' logs if they are not all alive within ``timeout`` seconds.
+    """
+    # /tmp, short: Ray puts Unix sockets under the temp dir, and their paths are limited to ~107 bytes
+    state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_AUTH_MODE"] = "disabled"
+    port = free_port()
+    address = f"{HOST}:{port}"
+    # --include-dashboard false still runs a minimal dashboard process, on port 8265 unless told otherwise
+    commands = [[RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false",
+                 "--dashboard-port", str(free_port()), "--temp-dir", str(state / "head"), *COMMON, *_node_ports()]]
+    commands += [[RAY, "start", "--address", address, "--temp-dir", str(state / f"n{i}"), *COMMON, *_node_ports()]
+                 for i in range(1, nodes)]
+    procs: list[subprocess.Popen] = []
+    logs: list[Path] = []
+    try:
+        for i, cmd in enumerate(commands):
+            logs.append(state / f"node{i}.log")
+            with open(logs[-1], "w") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
+            if i == 0:  # workers need the head's GCS to be listening
+                _wait_for_port(HOST, port, procs[0], timeout, logs)
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"a Ray node exited with code {dead[0].returncode}:\n{_tails(logs)}")
+            with contextlib.suppress(subprocess.TimeoutExpired, ValueError, IndexError):
+                seen = alive_nodes(address, env)
+            if len(set(seen)) >= nodes:
+                break
+            time.sleep(2)
+        else:
+            raise RuntimeError(f"{len(set(seen))} of {nodes} Ray nodes alive after {timeout:.0f} s:\n{_tails(logs)}")
+        yield address
+    finally:
+        _stop(procs)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float, logs: list[Path]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the Ray head did not listen on {host}:{port} within {timeout:.0f} s:\n{_tails(logs)}")
+
+
+def _tails(logs: list[Path], chars: int = 3000) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in logs if p.exists())

@@ -1,0 +1,165 @@
+"""``tune@`` on a real two-node Ray cluster (loopback) logging to a real MLflow server.
+
+The tune stage runs as a subprocess of a copy of the repository, as DVC would run it, with
+``RAY_ADDRESS`` and ``MLFLOW_TRACKING_URI`` set: the code reaches the trials through Ray's
+``runtime_env``, and every trial must be an MLflow child run in the server's store.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from pipeline.config import UserError
+from pipeline.prepare import prepare
+from pipeline.tune import check_address, pick_best
+from tests.conftest import TINY, copy_repo, venv_env
+from tests.mlflow_server import mlflow_server
+from tests.ray_cluster import alive_nodes, free_port, ray_cluster
+
+pytestmark = pytest.mark.slow
+
+TUNE_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(nodes=2) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """One copy of the repository with tiny prepared copy-task data; each test writes its params."""
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
+                     "test_size": 4, "test_lengths": [4]}, repo / "data" / "prepared" / "copy")
+    return repo
+
+
+def tune(repo: Path, space: dict, env: dict[str, str], timeout: float = TUNE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``python -m pipeline.tune ntm`` over ``space`` with a 6-step budget, one sample per grid point."""
+    model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
+    params = {"train": {}, "tune": {"num_samples": 1, "max_steps": 6, "eval_every": 3, "grace_period": 2,
+                                    "cpus_per_trial": 1},
+              "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "search_space": space,
+                                 "train": {"batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    (repo / "runs" / "ntm" / "tuned.yaml").unlink(missing_ok=True)
+    return subprocess.run([sys.executable, "-m", "pipeline.tune", "ntm"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def stage_env(repo: Path, address: str, url: str) -> dict[str, str]:
+    env = venv_env(repo)
+    env.update(RAY_ADDRESS=address, MLFLOW_TRACKING_URI=url)
+    return env
+
+
+def tune_runs(url: str) -> tuple[object, list]:
+    """The newest tune run on the server and its child runs."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    experiment = client.get_experiment_by_name("attnzoo")
+    parent = client.search_runs([experiment.experiment_id], "tags.stage = 'tune'", order_by=["start_time DESC"],
+                                max_results=1)[0]
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return parent, children
+
+
+def test_trials_spread_over_both_nodes_and_log_to_the_server(cluster, server, repo):
+    out = tune(repo, {"lr": {"grid": [0.01, 0.02]}}, stage_env(repo, cluster, server))
+    assert out.returncode == 0, out.stderr[-6000:]
+    tuned = yaml.safe_load((repo / "runs" / "ntm" / "tuned.yaml").read_text())
+    assert tuned["lr"] in (0.01, 0.02)
+    parent, children = tune_runs(server)
+    assert len(children) == 2  # one MLflow child run per trial, in the server's store
+    assert {c.data.tags["stage"] for c in children} == {"train"}
+    # FINISHED, or KILLED where ASHA cut the trial (the rung at step 6 may, with two trials); never FAILED
+    assert {c.info.status for c in children} <= {"FINISHED", "KILLED"}
+    nodes = {c.data.tags["ray.node_id"] for c in children}
+    assert len(nodes) == 2 and nodes <= set(alive_nodes(cluster)), (nodes, alive_nodes(cluster))
+    assert parent.data.metrics["ray_nodes"] == 2 and parent.data.params["best.lr"] == str(tuned["lr"])
+
+
+def test_crashing_and_non_finite_trials_leave_the_best_finished_one(cluster, server, repo):
+    # lr 1e9 stays finite here (the loss grows to ~1e9; gradients are clipped and Adam's step is bounded),
+    # so inf plants the non-finite loss; memory_size -1 crashes while the model is built.
+    space = {"lr": {"grid": [0.01, math.inf]}, "memory_size": {"grid": [12, -1]}}
+    out = tune(repo, space, stage_env(repo, cluster, server))
+    assert out.returncode == 0, out.stderr[-6000:]
+    assert "non-finite" in out.stderr and "Dimension size must be non-negative" in out.stderr
+    assert yaml.safe_load((repo / "runs" / "ntm" / "tuned.yaml").read_text()) == {"lr": 0.01, "memory_size": 12}
+    parent, children = tune_runs(server)
+    assert parent.data.metrics["trials"] == 4 and parent.data.metrics["trials_failed"] == 3
+    # the inf trial got as far as training (a failed child run); the crashed ones never started one
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]  # the one left is never cut
+
+
+def test_no_finished_trial_fails_in_one_sentence(cluster, server, repo):
+    out = tune(repo, {"memory_size": {"grid": [-1]}}, stage_env(repo, cluster, server))
+    assert out.returncode == 2, out.stderr[-3000:]
+    error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert error == [error[-1]] and "no trial finished (1 of 1 failed)" in error[0], out.stderr[-3000:]
+    assert "RuntimeError: zeros: Dimension size must be non-negative." in error[0]
+    assert not (repo / "runs" / "ntm" / "tuned.yaml").exists()
+
+
+def test_unreachable_ray_address_is_one_sentence(repo, tmp_path):
+    env = venv_env(repo)
+    env["RAY_ADDRESS"] = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    out = tune(repo, {"lr": {"grid": [0.01]}}, env, timeout=60)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"error: RAY_ADDRESS={env['RAY_ADDRESS']}: ")
+    assert "ray start --head" in out.stderr and "unset RAY_ADDRESS" in out.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_check_address_accepts_a_listening_head_and_local_runs(cluster):
+    check_address(cluster)
+    check_address(f"ray://{cluster}")
+    for local in (None, "", "auto", "local"):
+        check_address(local)
+
+
+def _result(config, loss=None, error=None):
+    return SimpleNamespace(config=config, metrics={"val_loss": loss} if loss is not None else {}, error=error)
+
+
+def test_pick_best_skips_errors_and_nan():
+    results = [_result({"lr": 1}, error=FloatingPointError("loss became nan")), _result({"lr": 2}, float("nan")),
+               _result({"lr": 3}, 0.5), _result({"lr": 4}, 0.4), _result({"lr": 5}, error=RuntimeError("boom"))]
+    assert pick_best("m", results) == ({"lr": 4}, 0.4)
+
+
+def test_pick_best_names_a_missing_package():
+    # how Ray hands it over: the trial's exception as a RayTaskError's cause, or only its text
+    class RayTaskError(Exception):
+        def __init__(self, cause):
+            super().__init__(f"ray::ImplicitFunc.train() (pid=1)\n{cause!r}")
+            self.cause = cause
+
+    for error in (RayTaskError(ModuleNotFoundError("No module named 'sacrebleu'", name="sacrebleu")),
+                  RuntimeError("actor died: ModuleNotFoundError: No module named 'torch.nn'")):
+        with pytest.raises(UserError, match=r"cannot import '(sacrebleu|torch)'; install attnzoo's dependencies"):
+            pick_best("m", [_result({"lr": 1}, 0.5), _result({"lr": 2}, error=error)])
+
+
+def test_pick_best_with_nothing_finished_names_the_first_error():
+    with pytest.raises(UserError, match=r"no trial finished \(2 of 2 failed\); the first error: ValueError: bad lr$"):
+        pick_best("m", [_result({}, error=ValueError("bad lr")), _result({}, error=RuntimeError("x"))])
