@@ -42,9 +42,6 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 0  # steps between validations; 0: once per epoch
     log_every: int = 50
-    # Wall-clock seconds between resume checkpoints (besides every validation), so a kill loses
-    # at most this much work. Not part of a run's identity: changing it still resumes.
-    checkpoint_every_s: float = 120.0
 
 
 @dataclass

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
-import inspect
 import json
 import math
 import os
@@ -38,7 +36,7 @@ from torch.utils.data import DataLoader
 
 import models
 from pipeline import checkpoint, tracking
-from pipeline.config import RunConfig, UserError, as_dict, resolve
+from pipeline.config import ROOT, RunConfig, UserError, as_dict, resolve
 from pipeline.tasks import get_task
 
 
@@ -121,24 +119,47 @@ def has_accelerator() -> bool:
             or bool(xpu and xpu.is_available()))
 
 
-# Train-config keys that cannot change what is learned: a resume must not start over for them.
-_NOT_IDENTITY = ("log_every", "checkpoint_every_s")
+# Wall-clock seconds between resume checkpoints (besides every validation), so a kill loses at
+# most this much work. Infrastructure, not a hyper-parameter: it comes from the environment, is
+# not part of the run's identity or its saved config, and cannot change what is learned.
+CHECKPOINT_SECONDS_ENV = "ATTNZOO_CHECKPOINT_SECONDS"
+CHECKPOINT_SECONDS = 120.0
+
+
+def checkpoint_seconds() -> float:
+    value = os.environ.get(CHECKPOINT_SECONDS_ENV, "")
+    try:
+        seconds = float(value) if value else CHECKPOINT_SECONDS
+    except ValueError:
+        raise UserError(f"{CHECKPOINT_SECONDS_ENV}='{value}' is not a number of seconds (e.g. 120)") from None
+    if seconds <= 0:
+        raise UserError(f"{CHECKPOINT_SECONDS_ENV} must be positive seconds (e.g. 120), not {value}")
+    return seconds
+
+
+# The code a run's identity covers: train@'s code deps in dvc.yaml, file for file
+# (tests/test_dvc.py checks they agree), so whenever DVC re-runs train@ for a code change the loop
+# starts over instead of taking a finished checkpoint of other code as the result.
+TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/__init__.py", "pipeline/config.py",
+              "pipeline/checkpoint.py", "pipeline/tracking.py", "pipeline/train.py", "pipeline/tasks",
+              "serving/features.py")
+
+
+def code_files(arch: str) -> list[Path]:
+    out = []
+    for entry in TRAIN_CODE:
+        path = ROOT / entry.format(arch=arch)
+        out += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return out
 
 
 def config_hash(run: RunConfig) -> str:
     """Identity of a training run, checked before resuming: the resolved config, the code that
-    trains it (the model's module, ``models/layers.py``, this loop, the task's modules with their
-    collate functions) and the prepared data. A checkpoint of other code or data is never taken
-    as this run's progress, so a stage re-run for a code change really trains again."""
-    config = as_dict(run)
-    config["train"] = {k: v for k, v in config["train"].items() if k not in _NOT_IDENTITY}
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    task_modules = [importlib.import_module(c.__module__) for c in type(get_task(run.task)).__mro__
-                    if c.__module__.startswith("pipeline.tasks")]
-    code = [importlib.import_module(models.REGISTRY[run.arch].model_cls.__module__),
-            importlib.import_module("models.layers"), importlib.import_module("pipeline.train"), *task_modules]
-    for module in dict.fromkeys(code):  # ordered, without repeats
-        digest.update(inspect.getsource(module).encode())
+    trains it (:data:`TRAIN_CODE`) and the prepared data. A checkpoint of other code or data is
+    never resumed."""
+    digest = hashlib.sha256(json.dumps(as_dict(run), sort_keys=True).encode())
+    for path in code_files(run.arch):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     manifest = run.data_dir / "manifest.json"
     if manifest.exists():
         digest.update(json.dumps(json.loads(manifest.read_text()).get("files", {}), sort_keys=True).encode())
@@ -247,6 +268,7 @@ def train(
         state.update(resumed)
         accelerator.print(f"resuming {run.name} from step {state['step']}")
     main = accelerator.is_main_process
+    every = checkpoint_seconds()
     started = time.time()
 
     def save_last() -> None:
@@ -279,7 +301,7 @@ def train(
                 saved_rng = None
             for batch in iterator:
                 loss, logs = wrapped(send_to_device(batch, accelerator.device))
-                due = time.monotonic() - last_save >= cfg.checkpoint_every_s
+                due = time.monotonic() - last_save >= every
                 bad, due = agree(accelerator, not torch.isfinite(loss).item(), due)
                 if bad:  # every rank stops here, before a collective the others would never join
                     where = f" on one or more of {world} processes" if world > 1 else ""

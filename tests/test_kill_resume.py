@@ -38,7 +38,7 @@ def root(tmp_path_factory) -> Path:
     prepare("mnist_binarized", {"seed": 57, "train_size": 8 * STEPS_PER_EPOCH, "val_size": 16, "test_size": 8},
             tmp / "data" / "prepared" / "mnist_binarized")
     model = {k: v for k, v in TINY["draw"].items() if k != "image_size"}
-    train = {"epochs": EPOCHS, "batch_size": 8, "warmup_steps": 5, "log_every": 10, "checkpoint_every_s": 0.3}
+    train = {"epochs": EPOCHS, "batch_size": 8, "warmup_steps": 5, "log_every": 10}
     params = {"train": {}, "models": {"draw": {"arch": "draw", "task": "mnist_binarized", "model": model,
                                                "train": train}}}
     (tmp / "params.yaml").write_text(yaml.safe_dump(params))
@@ -71,6 +71,7 @@ def saved_state(out: Path) -> dict | None:
 def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, processes):
     env = venv_env(root)
     env["PYTHONPATH"] = str(ROOT)
+    env["ATTNZOO_CHECKPOINT_SECONDS"] = "0.3"
     full, killed = tmp_path / "full", tmp_path / "killed"
     run(command(root, full, processes), env)
 

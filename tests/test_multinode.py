@@ -4,6 +4,8 @@ process count, and a failure on one rank stops them all."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -43,6 +45,19 @@ def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n\n".join(log[-3000:] for log in logs)
     return logs
+
+
+def finish_together(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Wait for all; if one fails, stop the others (a node left alone waits in the rendezvous)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return [p.communicate()[0] for p in procs]
 
 
 def copy_root(tmp: Path, train: dict) -> Path:
@@ -115,3 +130,43 @@ def test_nan_on_one_rank_stops_every_rank_with_one_clear_error(tmp_path):
         assert "error: ntm: loss became non-finite (nan or inf) at step 3 on one or more of 2 processes" in log, log
         assert "lower lr" in log
         assert "Traceback" not in log.split("error: ntm:")[0][-2000:], log
+
+
+def test_dvc_repro_trains_on_two_torchrun_nodes_via_the_launcher_variable(tmp_path):
+    """``ATTNZOO_LAUNCHER`` makes ``dvc repro train@ntm`` (node 0) and the same stage command on
+    node 1 one torchrun job; dvc.yaml is not edited and the stage is recorded as usual."""
+    from tests.conftest import copy_repo
+
+    repo = copy_repo(tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    entry = params["models"]["ntm"]
+    entry["model"] = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
+    entry["train"] = {"max_steps": 6, "eval_every": 3, "batch_size": 8, "warmup_steps": 1}
+    entry["search_space"] = {}  # tune@ntm writes an empty tuned.yaml without starting Ray
+    entry["tune"] = {}
+    params["models"] = {"ntm": entry}
+    params["tasks"] = {"copy": {**params["tasks"]["copy"], "train_size": 64, "val_size": 16, "test_size": 4,
+                                "test_lengths": [4]}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    subprocess.run(["rm", "-rf", "dvc.lock", "runs", "results", "reports"], cwd=repo, check=True)
+    env = venv_env(repo)
+    subprocess.run(["git", "init", "-q"], cwd=repo, env=env, check=True)
+    port = free_port()
+
+    def launcher(rank: int) -> dict:
+        return {**env, "ATTNZOO_LAUNCHER": " ".join(torchrun(2, port, rank))}
+
+    head = subprocess.Popen(["dvc", "repro", "train@ntm"], cwd=repo, env=launcher(0), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # node 1 joins the rendezvous; torchrun waits there until dvc has prepared the data on node 0
+    other = subprocess.Popen([sys.executable, "-m", "pipeline.train", "ntm"], cwd=repo, env=launcher(1),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    logs = finish_together([head, other], timeout=600)
+    assert head.returncode == 0 and other.returncode == 0, "\n\n".join(log[-3000:] for log in logs)
+    assert "ATTNZOO_LAUNCHER: " in logs[0]
+    summary = json.loads((repo / "runs" / "ntm" / "train_summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 6
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert "train@ntm" in lock["stages"]
+    status = subprocess.run(["dvc", "status", "train@ntm"], cwd=repo, env=env, capture_output=True, text=True)
+    assert "up to date" in status.stdout, status.stdout

@@ -87,3 +87,39 @@ def test_changed_data_does_not_resume(root):
     seen = []
     train(resolve("ntm", root=root), root / "d", report=seen.append, progress=False)
     assert [m["step"] for m in seen] == [4, 8]
+
+
+def test_run_identity_covers_exactly_the_code_dvc_retrains_for():
+    """A code dep of train@ that the checkpoint identity missed would re-run the stage only to
+    resume the finished checkpoint of the old code; one the identity has but DVC lacks would never
+    re-run the stage."""
+    from pipeline.config import ROOT
+    from pipeline.train import TRAIN_CODE
+
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]
+    code = {d.replace("${item.arch}", "{arch}") for d in stage["deps"]
+            if not d.startswith(("data/", "runs/"))}
+    assert code == set(TRAIN_CODE)
+
+
+def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
+    import shutil
+
+    import pipeline.train as train_mod
+
+    run = resolve("ntm", root=root)
+    before = train_mod.config_hash(run)
+    code = tmp_path / "code"
+    for entry in train_mod.TRAIN_CODE:
+        src = train_mod.ROOT / entry.format(arch="ntm")
+        dst = code / entry.format(arch="ntm")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    monkeypatch.setattr(train_mod, "ROOT", code)
+    assert train_mod.config_hash(run) == before  # same bytes, same identity
+    for edited in ("pipeline/tasks/copy.py", "serving/features.py", "pipeline/checkpoint.py"):
+        path = code / edited
+        original = path.read_text()
+        path.write_text(original + "\n# a comment\n")
+        assert train_mod.config_hash(run) != before, edited
+        path.write_text(original)
