@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 #       default in test_registry (forward, overfit, export parity)
 #   speech_content -> test_recognition::test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns
 #       [content], ::test_location_aware_attention_reads_the_previous_alignment_and_content_does_not;
-#       speech_location here runs the same evaluate code (content-only export parity is tested nowhere)
+#       test_registry::test_speech_attention_variants_export_with_parity[content];
+#       speech_location here runs the same evaluate code
 KEEP = ["bahdanau", "bahdanau_none", "luong_local_p", "transformer", "ntm", "ntm_repeat_copy", "ntm_recall",
         "pointer_sort", "pointer_hull", "act_parity", "rnn_parity", "neural_programmer", "sat_soft", "ram",
         "ram_cluttered", "draw", "draw_none", "ocr_rcnn", "speech_location"]

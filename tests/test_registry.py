@@ -247,3 +247,15 @@ def test_ntm_write_walk_exports_with_parity(tmp_path):
         report = parity_check(model, tmp_path / str(slots), cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
         assert report["passed"], report
         assert all(c["e2e"]["decisions"]["mismatches"] == 0 for c in report["cases"])
+
+
+@pytest.mark.parametrize("attention", ["content", "location"])
+def test_speech_attention_variants_export_with_parity(attention, tmp_path):
+    """Content-only and location-aware attention are configurations of one speech model; each
+    exports with parity (the smoke pipeline runs only the location-aware entry)."""
+    torch.manual_seed(0)
+    model = models.build("speech_attention", {**TINY["speech_attention"], "attention": attention}).eval()
+    export_onnx(model, tmp_path)
+    cases = [(f"batch {b}", tiny_batch("speech_attention", seed=b, batch=b)) for b in (1, 3)]
+    report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    assert report["passed"], report

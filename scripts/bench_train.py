@@ -1,0 +1,186 @@
+"""Training-loop benchmarks for docs/benchmarks.md, measured side by side in one run.
+
+1. ``overhead``: the shared loop (``pipeline.train.train``: Accelerate, bucketing, MLflow
+   logging, checkpoints) against a plain PyTorch loop doing the same optimizer steps on the same
+   model, batches and schedule. Goal: the shared loop costs ≤ 5 % more wall time.
+2. ``scaling``: samples/s of the shared loop at the same *global* batch with 1 process × 1 thread,
+   1 process × 2 threads and 2 processes × 1 thread (torchrun, gloo, loopback). Goal: 2 × 1
+   reaches ≥ 1.7 × the 1 × 1 figure.
+
+Each figure is the median of ``--repeats`` runs, taken in turn (A B C A B C …) so that drift of a
+shared machine's speed hits every configuration alike. The model is a real entry of params.yaml
+with its own sizes; only the data is a smaller prepared split (written once under ``--work``).
+
+    python scripts/bench_train.py --model sat_soft --steps 60 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SPLIT = {"train_size": 4000, "val_size": 64, "test_size": 8}  # enough batches for --steps at batch 64
+
+
+def make_root(work: Path, model: str, steps: int) -> Path:
+    """A params.yaml with the one entry (its own sizes, ``steps`` optimizer steps, one validation
+    at the end) and its task's data, prepared once."""
+    from pipeline.config import load_params
+    from pipeline.prepare import prepare
+
+    params = load_params(ROOT)
+    entry = dict(params["models"][model])
+    task = entry["task"]
+    data = work / "data" / "prepared" / task
+    if not (data / "manifest.json").exists():
+        task_params = {**params["tasks"][task], **{k: v for k, v in SPLIT.items() if k in params["tasks"][task]}}
+        prepare(task, task_params, data)
+    entry["train"] = {**entry.get("train", {}), "max_steps": steps, "eval_every": steps, "log_every": 10}
+    (work / "params.yaml").write_text(yaml.safe_dump({"train": params["train"], "models": {model: entry}}))
+    return work
+
+
+def plain_loop(root: Path, model_name: str) -> float:
+    """The same optimizer steps with nothing but PyTorch: returns wall seconds."""
+    import math
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    import models
+    from pipeline.config import resolve
+    from pipeline.tasks import get_task
+    from pipeline.train import bucket_batches, lr_lambda
+
+    run = resolve(model_name, root=root, use_tuned=False)
+    cfg = run.train
+    torch.manual_seed(cfg.seed)
+    started = time.perf_counter()  # like train(): loading the data, building the model, the steps
+    task = get_task(run.task)
+    items = task.load(run.data_dir, "train")
+    lengths = [task.length(it) for it in items]
+    model = models.build(run.arch, run.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, cfg.max_steps))
+    step, epoch = 0, 0
+    while step < cfg.max_steps:
+        loader = DataLoader(items, batch_sampler=bucket_batches(lengths, cfg.batch_size, cfg.seed + epoch, True),
+                            collate_fn=task.collate)
+        for batch in loader:
+            loss, _ = model.loss(batch)
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError("non-finite loss")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            if step >= cfg.max_steps:
+                break
+        epoch += 1
+    return time.perf_counter() - started
+
+
+def shared_loop(root: Path, model_name: str, out: Path) -> float:
+    from pipeline.config import resolve
+    from pipeline.train import train
+
+    run = resolve(model_name, root=root, use_tuned=False)
+    started = time.perf_counter()
+    train(run, out, progress=False)
+    return time.perf_counter() - started
+
+
+def child(args) -> None:
+    """One measured run in a fresh process (so no run inherits another's warm caches)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{args.work / 'mlflow.db'}"
+    out = args.work / f"out-{os.getpid()}"
+    seconds = plain_loop(args.work, args.model) if args.mode == "plain" else shared_loop(args.work, args.model, out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        summary = json.loads((out / "train_summary.json").read_text()) if args.mode == "shared" else {}
+        print(json.dumps({"seconds": seconds, "loop_seconds": summary.get("train_seconds"),
+                          "processes": summary.get("processes", 1)}))
+
+
+def measure(work: Path, model: str, mode: str, processes: int, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    me = [str(Path(__file__).resolve()), "--child", mode, "--model", model, "--work", str(work)]
+    if processes == 1:
+        cmd = [sys.executable, *me]
+    else:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), *me]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="sat_soft", help="a params.yaml entry (default sat_soft)")
+    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-bench-train"))
+    ap.add_argument("--only", choices=["overhead", "scaling"], default=None)
+    ap.add_argument("--child", dest="mode", choices=["plain", "shared"], default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mode:
+        return child(args)
+    args.work.mkdir(parents=True, exist_ok=True)
+    make_root(args.work, args.model, args.steps)
+    from pipeline.config import resolve
+
+    batch = resolve(args.model, root=args.work, use_tuned=False).train.batch_size
+    configs = [("shared loop, 1 process x 1 thread", "shared", 1, 1)]
+    if args.only in (None, "overhead"):
+        configs.insert(0, ("plain loop, 1 process x 1 thread", "plain", 1, 1))
+    if args.only in (None, "scaling"):
+        configs += [("shared loop, 1 process x 2 threads", "shared", 1, 2),
+                    ("shared loop, 2 processes x 1 thread", "shared", 2, 1)]
+    results: dict[str, list[float]] = {c[0]: [] for c in configs}
+    for r in range(args.repeats):
+        for label, mode, processes, threads in configs:
+            got = measure(args.work, args.model, mode, processes, threads)
+            results[label].append(got["seconds"])
+            print(f"run {r + 1}/{args.repeats}  {label}: {got['seconds']:.1f} s", flush=True)
+    print(f"\nmodel {args.model}, {args.steps} optimizer steps at global batch {batch}, median of {args.repeats} runs "
+          f"(wall seconds from loading the data to the end of training; interpreter start-up excluded)")
+    print("| configuration | seconds (min / median / max) | samples/s (median) |")
+    print("|---|---|---|")
+    med = {k: statistics.median(v) for k, v in results.items()}
+    for label, secs in results.items():
+        rate = args.steps * batch / med[label]
+        print(f"| {label} | {min(secs):.1f} / {med[label]:.1f} / {max(secs):.1f} | {rate:.1f} |")
+    one = med.get("shared loop, 1 process x 1 thread")
+    if "plain loop, 1 process x 1 thread" in med and one:
+        print(f"\nshared loop / plain loop: {one / med['plain loop, 1 process x 1 thread']:.3f} (goal <= 1.05)")
+    if one and "shared loop, 2 processes x 1 thread" in med:
+        print(f"2 x 1 vs 1 x 1: {one / med['shared loop, 2 processes x 1 thread']:.2f}x (goal >= 1.7x); "
+              f"1 x 2 vs 1 x 1: {one / med['shared loop, 1 process x 2 threads']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
