@@ -29,16 +29,15 @@ def prepare(task_name: str, params: dict, out: Path) -> dict:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    started = time.time()
     try:
         facts = task.prepare(params, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # No run time in the manifest: it must be a function of the data alone, or re-running an
-    # unchanged prepare would change its output's hash and retrain every model downstream.
+    # unchanged prepare would change its output's hash and retrain every model downstream. The
+    # stage logs its duration to MLflow instead.
     manifest = {"task": task_name, "params": params, **facts, "files": checksums(tmp)}
-    print(f"prepared {task_name} in {time.time() - started:.1f} s")
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -56,9 +55,14 @@ def main(argv: list[str] | None = None) -> None:
         tasks = load_params().get("tasks", {})
         if args.task not in tasks:
             raise UserError(f"unknown task '{args.task}'; params.yaml lists: {', '.join(tasks)}")
+        tracking.ensure_reachable()  # before the work, not after it: a dead server fails in seconds
+        started = time.time()
         manifest = prepare(args.task, tasks[args.task], ROOT / "data" / "prepared" / args.task)
+        seconds = time.time() - started
+        print(f"prepared {args.task} in {seconds:.1f} s")
         with tracking.run(args.task, "prepare", params={"task": tasks[args.task]}) as mlflow:
             mlflow.log_dict(manifest, "manifest.json")
+            mlflow.log_metric("prepare_seconds", round(seconds, 1))
         print(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1))
 
     run_cli(body)
