@@ -76,17 +76,18 @@ def bucket_batches(lengths: list[int], batch_size: int, seed: int, shuffle: bool
     return batches
 
 
-def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
+def shard(batches: list[list[int]], rank: int, world: int, fill: bool = True) -> list[list[int]]:
     """This process's contiguous slice of every global batch.
 
-    A global batch smaller than ``world`` is repeated to fill every slice: a process with an
-    empty slice would leave the others waiting in the gradient all-reduce.
+    With ``fill`` (training) a global batch smaller than ``world`` is repeated to fill every
+    slice: a process with an empty slice would leave the others waiting in the gradient
+    all-reduce. Without it (validation, no collective per batch) such slices stay empty.
     """
     if world == 1:
         return batches
     out = []
     for b in batches:
-        if len(b) < world:
+        if fill and len(b) < world:
             b = (b * world)[:world]
         out.append(b[rank * len(b) // world : (rank + 1) * len(b) // world])
     return out
@@ -244,8 +245,11 @@ def train(
     train_items = task.load(run.data_dir, "train")
     lengths = [task.length(it) for it in train_items]
     val_items = task.load(run.data_dir, "val")
+    if len(val_items) < world:
+        raise UserError(f"{run.name}: {len(val_items)} validation items cannot be split over {world} processes; "
+                        "prepare a larger validation split or use fewer processes")
     val_batches = bucket_batches([task.length(it) for it in val_items], cfg.batch_size, 0, False)
-    val_loader = make_loader(task, val_items, [b for b in shard(val_batches, rank, world) if b])
+    val_loader = make_loader(task, val_items, [b for b in shard(val_batches, rank, world, fill=False) if b])
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)  # global batches: any process count
     total = steps_per_epoch * cfg.epochs
     total = min(total, cfg.max_steps) if cfg.max_steps else total
