@@ -7,11 +7,16 @@
    1 process × 2 threads and 2 processes × 1 thread (torchrun, gloo, loopback). Goal: 2 × 1
    reaches ≥ 1.7 × the 1 × 1 figure.
 
-Each figure is the median of ``--repeats`` runs, taken in turn (A B C A B C …) so that drift of a
-shared machine's speed hits every configuration alike. The model is a real entry of params.yaml
-with its own sizes; only the data is a smaller prepared split (written once under ``--work``).
+Every configuration runs twice per repeat, with ``--steps`` and with 3 × ``--steps`` optimizer
+steps; the difference over 2 × ``--steps`` steps is the time of a training step, free of fixed costs
+(importing MLflow and Accelerate, forming the process group, creating the MLflow run, the final
+validation and checkpoint), which a real training amortises over hours. The whole-run times are
+printed too. Each figure is the median of ``--repeats`` repeats, the configurations taken in turn
+(A B C A B C …) so that drift of a shared machine's speed hits them alike. The model is a real
+entry of params.yaml with its own sizes; only the data is a smaller prepared split (written once
+under ``--work``).
 
-    python scripts/bench_train.py --model sat_soft --steps 60 --repeats 3
+    python scripts/bench_train.py --model sat_soft --steps 15 --repeats 3
 """
 
 from __future__ import annotations
@@ -33,9 +38,8 @@ sys.path.insert(0, str(ROOT))
 SPLIT = {"train_size": 4000, "val_size": 64, "test_size": 8}  # enough batches for --steps at batch 64
 
 
-def make_root(work: Path, model: str, steps: int) -> Path:
-    """A params.yaml with the one entry (its own sizes, ``steps`` optimizer steps, one validation
-    at the end) and its task's data, prepared once."""
+def make_root(work: Path, model: str) -> Path:
+    """A params.yaml with the one entry (its own sizes) and its task's data, prepared once."""
     from pipeline.config import load_params
     from pipeline.prepare import prepare
 
@@ -46,12 +50,16 @@ def make_root(work: Path, model: str, steps: int) -> Path:
     if not (data / "manifest.json").exists():
         task_params = {**params["tasks"][task], **{k: v for k, v in SPLIT.items() if k in params["tasks"][task]}}
         prepare(task, task_params, data)
-    entry["train"] = {**entry.get("train", {}), "max_steps": steps, "eval_every": steps, "log_every": 10}
+    entry["train"] = {**entry.get("train", {}), "log_every": 10}
     (work / "params.yaml").write_text(yaml.safe_dump({"train": params["train"], "models": {model: entry}}))
     return work
 
 
-def plain_loop(root: Path, model_name: str) -> float:
+def budget(steps: int) -> dict:
+    return {"max_steps": steps, "eval_every": steps}  # one validation, at the end
+
+
+def plain_loop(root: Path, model_name: str, steps: int) -> float:
     """The same optimizer steps with nothing but PyTorch: returns wall seconds."""
     import math
 
@@ -63,7 +71,7 @@ def plain_loop(root: Path, model_name: str) -> float:
     from pipeline.tasks import get_task
     from pipeline.train import bucket_batches, lr_lambda
 
-    run = resolve(model_name, root=root, use_tuned=False)
+    run = resolve(model_name, root=root, use_tuned=False, overrides=budget(steps))
     cfg = run.train
     torch.manual_seed(cfg.seed)
     started = time.perf_counter()  # like train(): loading the data, building the model, the steps
@@ -94,11 +102,11 @@ def plain_loop(root: Path, model_name: str) -> float:
     return time.perf_counter() - started
 
 
-def shared_loop(root: Path, model_name: str, out: Path) -> float:
+def shared_loop(root: Path, model_name: str, out: Path, steps: int) -> float:
     from pipeline.config import resolve
     from pipeline.train import train
 
-    run = resolve(model_name, root=root, use_tuned=False)
+    run = resolve(model_name, root=root, use_tuned=False, overrides=budget(steps))
     started = time.perf_counter()
     train(run, out, progress=False)
     return time.perf_counter() - started
@@ -111,17 +119,20 @@ def child(args) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{args.work / 'mlflow.db'}"
     out = args.work / f"out-{os.getpid()}"
-    seconds = plain_loop(args.work, args.model) if args.mode == "plain" else shared_loop(args.work, args.model, out)
+    if args.mode == "plain":
+        seconds = plain_loop(args.work, args.model, args.steps)
+    else:
+        seconds = shared_loop(args.work, args.model, out, args.steps)
     if int(os.environ.get("RANK", "0")) == 0:
         summary = json.loads((out / "train_summary.json").read_text()) if args.mode == "shared" else {}
         print(json.dumps({"seconds": seconds, "loop_seconds": summary.get("train_seconds"),
                           "processes": summary.get("processes", 1)}))
 
 
-def measure(work: Path, model: str, mode: str, processes: int, threads: int) -> dict:
+def measure(work: Path, model: str, mode: str, processes: int, threads: int, steps: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
-    me = [str(Path(__file__).resolve()), "--child", mode, "--model", model, "--work", str(work)]
+    me = [str(Path(__file__).resolve()), "--child", mode, "--model", model, "--work", str(work), "--steps", str(steps)]
     if processes == 1:
         cmd = [sys.executable, *me]
     else:
@@ -141,7 +152,7 @@ def measure(work: Path, model: str, mode: str, processes: int, threads: int) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="sat_soft", help="a params.yaml entry (default sat_soft)")
-    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    ap.add_argument("--steps", type=int, default=15, help="optimizer steps of the short run (the long one: 3x)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-bench-train"))
     ap.add_argument("--only", choices=["overhead", "scaling"], default=None)
@@ -150,7 +161,7 @@ def main() -> None:
     if args.mode:
         return child(args)
     args.work.mkdir(parents=True, exist_ok=True)
-    make_root(args.work, args.model, args.steps)
+    make_root(args.work, args.model)
     from pipeline.config import resolve
 
     batch = resolve(args.model, root=args.work, use_tuned=False).train.batch_size
@@ -160,25 +171,31 @@ def main() -> None:
     if args.only in (None, "scaling"):
         configs += [("shared loop, 1 process x 2 threads", "shared", 1, 2),
                     ("shared loop, 2 processes x 1 thread", "shared", 2, 1)]
-    results: dict[str, list[float]] = {c[0]: [] for c in configs}
+    short, long = args.steps, 3 * args.steps
+    step_s: dict[str, list[float]] = {c[0]: [] for c in configs}
+    whole: dict[str, list[float]] = {c[0]: [] for c in configs}
     for r in range(args.repeats):
         for label, mode, processes, threads in configs:
-            got = measure(args.work, args.model, mode, processes, threads)
-            results[label].append(got["seconds"])
-            print(f"run {r + 1}/{args.repeats}  {label}: {got['seconds']:.1f} s", flush=True)
-    print(f"\nmodel {args.model}, {args.steps} optimizer steps at global batch {batch}, median of {args.repeats} runs "
-          f"(wall seconds from loading the data to the end of training; interpreter start-up excluded)")
-    print("| configuration | seconds (min / median / max) | samples/s (median) |")
-    print("|---|---|---|")
-    med = {k: statistics.median(v) for k, v in results.items()}
-    for label, secs in results.items():
-        rate = args.steps * batch / med[label]
-        print(f"| {label} | {min(secs):.1f} / {med[label]:.1f} / {max(secs):.1f} | {rate:.1f} |")
-    one = med.get("shared loop, 1 process x 1 thread")
-    if "plain loop, 1 process x 1 thread" in med and one:
-        print(f"\nshared loop / plain loop: {one / med['plain loop, 1 process x 1 thread']:.3f} (goal <= 1.05)")
-    if one and "shared loop, 2 processes x 1 thread" in med:
-        print(f"2 x 1 vs 1 x 1: {one / med['shared loop, 2 processes x 1 thread']:.2f}x (goal >= 1.7x); "
+            a = measure(args.work, args.model, mode, processes, threads, short)["seconds"]
+            b = measure(args.work, args.model, mode, processes, threads, long)["seconds"]
+            step_s[label].append((b - a) / (long - short))
+            whole[label].append(b)
+            print(f"repeat {r + 1}/{args.repeats}  {label}: {short} steps {a:.1f} s, {long} steps {b:.1f} s, "
+                  f"{1000 * step_s[label][-1]:.0f} ms a step", flush=True)
+    med = {k: statistics.median(v) for k, v in step_s.items()}
+    print(f"\nmodel {args.model} ({args.model} params.yaml sizes), global batch {batch}, median of {args.repeats} "
+          f"repeats; a step = (time of {long} steps - time of {short} steps) / {long - short}")
+    print(f"| configuration | ms a step (min / median / max) | samples/s | whole {long}-step run, s (median) |")
+    print("|---|---|---|---|")
+    for label, values in step_s.items():
+        print(f"| {label} | {1000 * min(values):.0f} / {1000 * med[label]:.0f} / {1000 * max(values):.0f} | "
+              f"{batch / med[label]:.1f} | {statistics.median(whole[label]):.1f} |")
+    one = med["shared loop, 1 process x 1 thread"]
+    if "plain loop, 1 process x 1 thread" in med:
+        print(f"\nshared loop / plain loop, time a step: {one / med['plain loop, 1 process x 1 thread']:.3f} "
+              "(goal <= 1.05)")
+    if "shared loop, 2 processes x 1 thread" in med:
+        print(f"2 x 1 vs 1 x 1, samples/s: {one / med['shared loop, 2 processes x 1 thread']:.2f}x (goal >= 1.7x); "
               f"1 x 2 vs 1 x 1: {one / med['shared loop, 1 process x 2 threads']:.2f}x")
 
 
