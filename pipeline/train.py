@@ -139,7 +139,7 @@ def checkpoint_seconds() -> float:
 
 
 # The code a run's identity covers: train@'s code deps in dvc.yaml, file for file
-# (tests/test_dvc.py checks they agree), so whenever DVC re-runs train@ for a code change the loop
+# (tests/test_train.py checks they agree), so whenever DVC re-runs train@ for a code change the loop
 # starts over instead of taking a finished checkpoint of other code as the result.
 TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/__init__.py", "pipeline/config.py",
               "pipeline/checkpoint.py", "pipeline/tracking.py", "pipeline/train.py", "pipeline/tasks",

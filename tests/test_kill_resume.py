@@ -10,7 +10,6 @@ order).
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -18,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -85,7 +85,13 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
         time.sleep(0.02)
     time.sleep(0.15)  # half a checkpoint interval on: the kill lands between two checkpoints
     assert proc.poll() is None, "training ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, torchrun and its workers alike
+    # The whole job, torchrun and its workers alike: torchrun starts each worker in a session of its
+    # own, so killing torchrun's process group would leave the workers training on.
+    job = psutil.Process(proc.pid)
+    victims = [job, *job.children(recursive=True)]
+    for victim in victims:
+        victim.send_signal(signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=30)
     proc.wait()
     at_kill = saved_state(killed)
     assert at_kill["step"] % STEPS_PER_EPOCH != 0, at_kill  # mid-epoch: the data position matters

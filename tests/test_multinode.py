@@ -4,7 +4,6 @@ process count, and a failure on one rank stops them all."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sqlite3
@@ -13,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -54,9 +54,11 @@ def finish_together(procs: list[subprocess.Popen], timeout: float) -> list[str]:
         if any(p.poll() not in (None, 0) for p in procs):
             break
         time.sleep(0.5)
-    for p in procs:
+    for p in procs:  # with torchrun's workers, which run in sessions of their own
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            tree = psutil.Process(p.pid)
+            for victim in [tree, *tree.children(recursive=True)]:
+                victim.send_signal(signal.SIGKILL)
     return [p.communicate()[0] for p in procs]
 
 
