@@ -10,14 +10,12 @@ order).
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import yaml
@@ -25,7 +23,7 @@ from safetensors.torch import load_file
 
 from pipeline.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
-from tests.test_multinode import free_port
+from tests.test_multinode import free_port, kill_tree
 
 pytestmark = pytest.mark.slow
 WORKER = str(ROOT / "tests" / "multinode_worker.py")
@@ -85,13 +83,7 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
         time.sleep(0.02)
     time.sleep(0.15)  # half a checkpoint interval on: the kill lands between two checkpoints
     assert proc.poll() is None, "training ended before it could be killed"
-    # The whole job, torchrun and its workers alike: torchrun starts each worker in a session of its
-    # own, so killing torchrun's process group would leave the workers training on.
-    job = psutil.Process(proc.pid)
-    victims = [job, *job.children(recursive=True)]
-    for victim in victims:
-        victim.send_signal(signal.SIGKILL)
-    psutil.wait_procs(victims, timeout=30)
+    kill_tree(proc.pid)  # the whole job, torchrun and its workers alike
     proc.wait()
     at_kill = saved_state(killed)
     assert at_kill["step"] % STEPS_PER_EPOCH != 0, at_kill  # mid-epoch: the data position matters

@@ -47,6 +47,16 @@ def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
     return logs
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants and wait for them: torchrun starts each worker in
+    a session of its own, so killing torchrun's process group would leave the workers running."""
+    root = psutil.Process(pid)
+    victims = [root, *root.children(recursive=True)]
+    for victim in victims:
+        victim.send_signal(signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=30)
+
+
 def finish_together(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     """Wait for all; if one fails, stop the others (a node left alone waits in the rendezvous)."""
     deadline = time.monotonic() + timeout
@@ -54,11 +64,9 @@ def finish_together(procs: list[subprocess.Popen], timeout: float) -> list[str]:
         if any(p.poll() not in (None, 0) for p in procs):
             break
         time.sleep(0.5)
-    for p in procs:  # with torchrun's workers, which run in sessions of their own
+    for p in procs:
         if p.poll() is None:
-            tree = psutil.Process(p.pid)
-            for victim in [tree, *tree.children(recursive=True)]:
-                victim.send_signal(signal.SIGKILL)
+            kill_tree(p.pid)
     return [p.communicate()[0] for p in procs]
 
 
