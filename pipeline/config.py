@@ -59,6 +59,9 @@ class RunConfig:
     parity: dict[str, Any] = field(default_factory=dict)
     bar: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
+    # serving limits published with the model (serving/admission.py Limits: its defaults, then
+    # params.yaml serving.limits, then the entry's own limits)
+    limits: dict[str, Any] = field(default_factory=dict)
 
 
 def load_params(root: Path = ROOT) -> dict:
@@ -137,6 +140,7 @@ def resolve(
         data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
         parity=entry.get("parity", {}), bar=entry.get("bar", {}),
         evaluate=entry.get("evaluate", {}),
+        limits={**(params.get("serving") or {}).get("limits", {}), **entry.get("limits", {})},
     )
 
 

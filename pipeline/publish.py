@@ -19,6 +19,7 @@ re-publishing an unchanged model is a no-op.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -30,6 +31,8 @@ import models
 from pipeline import tracking
 from pipeline.config import ROOT, RunConfig, UserError, read_manifest, resolve
 from pipeline.graphs import loop_kind
+from serving.admission import Limits
+from serving.repository import VERSION_RE
 
 DTYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(bool)": "TYPE_BOOL",
           "tensor(int32)": "TYPE_INT32"}
@@ -49,9 +52,19 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
     return out
 
 
-# serving/ modules bundled into each version for Triton's python backend (model.py imports them).
+# serving/ modules bundled into each version for Triton's python backend (model.py imports them):
+# the package without the HTTP server and client (Triton is the server).
 SERVING_DIR = ROOT / "serving"
-BUNDLE = ["__init__.py", "decode.py", "features.py", "protocol.py", "repository.py", "runtime.py"]
+NOT_BUNDLED = {"server.py", "client.py", "triton_model.py"}
+
+
+def bundle() -> list[str]:
+    """The serving modules a version carries, relative to ``serving/`` (sorted: part of its digest)."""
+    return sorted(str(p.relative_to(SERVING_DIR)) for p in SERVING_DIR.rglob("*.py") if p.name not in NOT_BUNDLED)
+
+
+def versions_in(repo: Path) -> list[int]:
+    return sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and VERSION_RE.match(p.name))
 TRITON_TYPES = {"BYTES": "TYPE_STRING"}  # every other v2 datatype X is TYPE_X
 
 
@@ -60,21 +73,32 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> st
     that bundle ``model.py``; each graph's own I/O follows as comments, for humans."""
     import onnxruntime as ort
 
-    from serving.repository import load_version
+    from serving.kinds import load_version
 
-    versions = sorted(int(p.name) for p in repo.iterdir() if p.name.isdigit() and (p / "model.py").exists())
+    versions = [v for v in versions_in(repo) if (repo / str(v) / "model.py").exists()]
     lines = [f'name: "{name}"']
     if graphs == ["model"]:  # one graph: Triton's own ONNX Runtime backend serves it as it is
-        lines += ['platform: "onnxruntime_onnx"', "max_batch_size: 0"]
         sess = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-        for kind, items in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
-            entries = [f'  {{ name: "{io.name}" data_type: {DTYPES.get(io.type, io.type)} dims: '
-                       f'[ {", ".join("-1" if not isinstance(d, int) else str(d) for d in io.shape)} ] }}'
-                       for io in items]
+        ios = (("input", sess.get_inputs()), ("output", sess.get_outputs()))
+        # A free axis 0 on every input and output is the batch axis: Triton batches requests itself
+        # (dynamic batching, up to the rows of `attnzoo serve --max-batch`) and, by its convention for
+        # max_batch_size > 0, leaves that axis out of dims. Otherwise the shapes stay as exported.
+        batched = all(io.shape and not isinstance(io.shape[0], int) for _, items in ios for io in items)
+        lines += ['platform: "onnxruntime_onnx"', f"max_batch_size: {64 if batched else 0}"]
+        for kind, items in ios:
+            entries = []
+            for io in items:
+                dims = ["-1" if not isinstance(d, int) else str(d) for d in io.shape][1 if batched else 0:]
+                # Triton wants one dim at least: a tensor that is only the batch axis is [1] reshaped to [].
+                dims_text = (f"dims: [ {', '.join(dims)} ]" if dims or not batched
+                             else "dims: [ 1 ] reshape: { shape: [ ] }")
+                entries.append(f'  {{ name: "{io.name}" data_type: {DTYPES.get(io.type, io.type)} {dims_text} }}')
             lines.append(f"{kind} [\n" + ",\n".join(entries) + "\n]")
+        if batched:  # a tenth of a millisecond for concurrent requests to meet (the server waits none on CPU)
+            lines.append("dynamic_batching { max_queue_delay_microseconds: 100 }")
         return "\n".join(lines) + "\n"
     if versions:
-        whole, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
+        whole, _, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
         lines += ['backend: "python"', "max_batch_size: 0",
                   f"version_policy: {{ specific: {{ versions: [ {', '.join(map(str, versions))} ] }} }}"]
         for kind, specs in (("input", whole.inputs), ("output", whole.outputs)):
@@ -101,7 +125,8 @@ def digest(folder: Path, serving: dict) -> str:
     for p in sorted(folder.glob("*.onnx")):
         h.update(p.read_bytes())
     h.update(json.dumps(serving, sort_keys=True).encode())
-    for f in ["triton_model.py"] + BUNDLE:
+    for f in ["triton_model.py"] + bundle():
+        h.update(f.encode())
         h.update((SERVING_DIR / f).read_bytes())
     return h.hexdigest()
 
@@ -134,8 +159,20 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
         meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
     from pipeline.tasks import get_task
+    from serving.kinds import kind_of
 
-    return {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving}
+    meta = {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving}
+    return {"kind": kind_of(meta, graphs), **meta}  # which serving/kinds module runs it
+
+
+def limits(run: RunConfig) -> dict:
+    """The serving limits published with the model (part of its serving block: a changed limit is
+    a new version)."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    unknown = sorted(set(run.limits) - known)
+    if unknown:
+        raise UserError(f"{run.name}: unknown serving limit(s) {unknown} in params.yaml; known: {sorted(known)}")
+    return Limits.of(run.limits).as_json()
 
 
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,
@@ -146,7 +183,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     """
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     repo.mkdir(parents=True, exist_ok=True)
-    versions = sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and p.name.isdigit())
+    versions = versions_in(repo)
     graph_digest = digest(onnx_dir, serving)
     if versions:
         latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
@@ -162,8 +199,8 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
         shutil.copy2(artifact, tmp / artifact.name)
     if serving.get("loop") in ("seq2seq", "recurrent", "glimpse"):  # Triton python backend: model.py + its modules
         shutil.copy2(SERVING_DIR / "triton_model.py", tmp / "model.py")
-        (tmp / "serving").mkdir()
-        for f in BUNDLE:
+        for f in bundle():
+            (tmp / "serving" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(SERVING_DIR / f, tmp / "serving" / f)
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
             "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
@@ -181,13 +218,16 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     if not parity_path.exists() or not metrics_path.exists():
         raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
     parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
+    if not parity["passed"]:  # a graph that does not compute what PyTorch computes is never deployable
+        raise UserError(f"{run.name}: ONNX parity failed ({parity_path}); nothing was published. Fix the export "
+                        f"and run `dvc repro export@{run.name}`")
     config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
     meta, created = write_version(
         root / "model_repository" / run.name, run.name, onnx_dir,
-        serving_meta(models.make_config(config["arch"], config["model"]), graphs, run),
+        {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)},
         {"arch": run.arch, "task": run.task, "config": config["model"],
          "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
          "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,

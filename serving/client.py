@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.protocol import DATATYPES
+from serving.protocol import DATATYPES, HEADER_LENGTH, tensor_from_bytes, tensor_to_bytes
 
 NUMPY_TO_V2 = {np.dtype(v).str: k for k, v in DATATYPES.items() if k != "BYTES"}
 
@@ -36,11 +36,14 @@ class Client:
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        return json.loads(self.send(method, path, data, {"Content-Type": "application/json"})[0])
+
+    def send(self, method: str, path: str, data: bytes | None, headers: dict[str, str]) -> tuple[bytes, Any]:
+        """One HTTP exchange -> (response body, response headers); errors as :class:`ServerError`."""
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
+                return resp.read(), resp.headers
         except urllib.error.HTTPError as err:
             text = err.read().decode(errors="replace")
             try:
@@ -77,17 +80,40 @@ class Client:
 
     def infer(self, name: str, inputs: dict[str, Any], version: str | int | None = None,
               outputs: list[str] | None = None, parameters: dict | None = None,
-              request_id: str | None = None) -> dict[str, np.ndarray]:
-        """Named arrays (or lists of str for BYTES) in, named numpy arrays out."""
-        body: dict[str, Any] = {"inputs": [encode(n, v) for n, v in inputs.items()]}
+              request_id: str | None = None, binary: bool = False) -> dict[str, np.ndarray]:
+        """Named arrays (or lists of str for BYTES) in, named numpy arrays out. ``binary``: send
+        the inputs and get the outputs as binary tensor data, not JSON (no text round trip)."""
+        tensors = {n: as_tensor(v) for n, v in inputs.items()}
+        blobs = {n: tensor_to_bytes(*t) for n, t in tensors.items()} if binary else {}
+        body: dict[str, Any] = {"inputs": [encode(n, *t, len(blobs[n]) if binary else None)
+                                           for n, t in tensors.items()]}
         if outputs:
             body["outputs"] = [{"name": n} for n in outputs]
-        if parameters:
-            body["parameters"] = parameters
+        if parameters or binary:
+            body["parameters"] = {**(parameters or {}), **({"binary_data_output": True} if binary else {})}
         if request_id is not None:
             body["id"] = request_id
-        resp = self.call("POST", self._model(name, version) + "/infer", body)
-        return {o["name"]: decode(o) for o in resp["outputs"]}
+        path = self._model(name, version) + "/infer"
+        if not binary:
+            return {o["name"]: decode(o) for o in self.call("POST", path, body)["outputs"]}
+        header = json.dumps(body).encode()
+        data = b"".join([header, *blobs.values()])
+        raw, headers = self.send("POST", path, data, {"Content-Type": "application/octet-stream",
+                                                      HEADER_LENGTH: str(len(header))})
+        size = int(headers.get(HEADER_LENGTH) or len(raw))
+        resp, offset, out = json.loads(raw[:size]), size, {}
+        for o in resp["outputs"]:
+            n = (o.get("parameters") or {}).get("binary_data_size")
+            if n is None:
+                out[o["name"]] = decode(o)
+                continue
+            chunk, offset = raw[offset : offset + n], offset + n
+            if o["datatype"] == "BYTES":
+                out[o["name"]] = tensor_from_bytes(o["name"], "BYTES", o["shape"], chunk)
+            else:
+                wire = np.dtype(DATATYPES[o["datatype"]]).newbyteorder("<")
+                out[o["name"]] = np.frombuffer(chunk, wire).astype(DATATYPES[o["datatype"]]).reshape(o["shape"])
+        return out
 
     def translate(self, name: str, texts: list[str], decode_mode: str = "beam",
                   version: str | int | None = None) -> list[dict]:
@@ -101,17 +127,25 @@ class Client:
         return results
 
 
-def encode(name: str, value: Any) -> dict:
+def as_tensor(value: Any) -> tuple[np.ndarray, str]:
+    """A value -> (array, v2 datatype): text is BYTES; float64 goes as FP32, which the graphs take."""
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
-        return {"name": name, "shape": [len(value)], "datatype": "BYTES", "data": list(value)}
+        return np.array(value, dtype=object), "BYTES"
     array = np.asarray(value)
     if array.dtype.kind in "OUS":
-        return {"name": name, "shape": list(array.shape), "datatype": "BYTES",
-                "data": [str(v) for v in array.reshape(-1)]}
+        return array.astype(object), "BYTES"
     if array.dtype == np.float64:
-        array = array.astype(np.float32)  # the graphs take fp32; JSON numbers carry no width anyway
-    return {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[array.dtype.str],
-            "data": array.reshape(-1).tolist()}
+        array = array.astype(np.float32)
+    return array, NUMPY_TO_V2[array.dtype.str]
+
+
+def encode(name: str, array: np.ndarray, datatype: str, binary_size: int | None = None) -> dict:
+    """An input's JSON: its data, or the size of its binary data (which follows the JSON)."""
+    tensor = {"name": name, "shape": list(array.shape), "datatype": datatype}
+    if binary_size is not None:
+        return {**tensor, "parameters": {"binary_data_size": binary_size}}
+    data = [str(v) for v in array.reshape(-1)] if datatype == "BYTES" else array.reshape(-1).tolist()
+    return {**tensor, "data": data}
 
 
 def decode(output: dict) -> np.ndarray:

@@ -122,6 +122,20 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm)}
 
 
+def transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singles: list[dict[str, np.ndarray]],
+                mode: str, beam: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Greedy decoding of the padded ``batch`` or beam search of each item of ``singles`` ->
+    per item (token ids without EOS, attention [T+1, S'] incl. the EOS step)."""
+    s = serving
+    if mode == "greedy":
+        r = greedy(encoder, step, batch, None, s["bos_id"], s["eos_id"], s["max_len"], s["pad_id"])
+        return [(r["tokens"][i, : int(r["lengths"][i])], r["attention"][i, : int(r["lengths"][i]) + 1])
+                for i in range(len(singles))]
+    return [(b["tokens"], b["attention"]) for b in (
+        beam_search(encoder, step, feeds, None, s["bos_id"], s["eos_id"], s["max_len"], beam=beam,
+                           length_penalty=s.get("length_penalty", 1.0)) for feeds in singles)]
+
+
 def glimpses(start: Graph, step: Graph, image: np.ndarray, count: int) -> dict[str, np.ndarray]:
     """Recurrent visual attention on a fixed image [B,H,W]: ``start`` gives the state (with the
     first glimpse location ``loc``); each ``step`` takes one glimpse and proposes the next.

@@ -1,12 +1,17 @@
-"""Open Inference Protocol (KServe v2) JSON tensors <-> numpy, with the checks a server owes its callers.
+"""Open Inference Protocol (KServe v2) tensors <-> numpy, with the checks a server owes its callers.
 
-Every problem with a request raises :class:`RequestError`, which the server answers with HTTP 400
-(or the status it carries) and ``{"error": message}``.
+The wire format in one place: JSON tensors, the *binary tensor data* extension (a JSON header of
+``Inference-Header-Content-Length`` bytes, then each binary tensor's raw bytes in order; raw binary
+requests with a header length of 0) and gzip/deflate bodies. Every problem with a request raises
+:class:`RequestError`, which the server answers with HTTP 400 (or the status it carries) and
+``{"error": message}``.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +27,18 @@ ONNX_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16
               "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int8)": "INT8",
               "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL", "tensor(string)": "BYTES"}
 MAX_ELEMENTS = 1 << 24  # per tensor; the body limit usually bites first
+HEADER_LENGTH = "Inference-Header-Content-Length"  # bytes of JSON before the binary tensor data
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # Content-Encoding -> zlib wbits
+# Smaller responses go uncompressed even when the client accepts gzip (as aiohttp and requests do
+# by default): the saving would not pay for the work.
+COMPRESS_MIN_BYTES = 1024
 
 
 class RequestError(ValueError):
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True)
@@ -73,23 +84,48 @@ def _check_values(name: str, datatype: str, flat: list) -> None:
             raise RequestError(f"input '{name}': {datatype} data must be finite")
 
 
-def decode_input(tensor: Any) -> tuple[str, np.ndarray, str]:
-    """One request input ``{"name", "shape", "datatype", "data"}`` -> (name, array, datatype)."""
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parameters(tensor: dict, what: str) -> dict:
+    params = tensor.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise RequestError(f"{what}: 'parameters' must be an object")
+    if "shared_memory_region" in params:  # the shared-memory extensions are not declared in GET /v2
+        raise RequestError(f"{what}: shared memory (parameters.shared_memory_region) is not supported by "
+                           "this server; send the data in the body")
+    return params
+
+
+def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[str, np.ndarray, str]:
+    """One request input -> (name, array, datatype): its values from ``data`` (JSON) or, with
+    ``parameters.binary_data_size``, from its bytes in ``binary`` (as :func:`read_request` split
+    them). Both paths run the same checks."""
     if not isinstance(tensor, dict):
         raise RequestError("each input must be an object with name, shape, datatype and data")
     name, shape, datatype = tensor.get("name"), tensor.get("shape"), tensor.get("datatype")
     if not isinstance(name, str) or not name:
         raise RequestError("an input has no 'name'")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise RequestError(f"input '{name}': 'shape' must be a list of non-negative integers")
     if datatype not in DATATYPES:
         raise RequestError(f"input '{name}': unknown datatype {datatype!r}; one of {', '.join(DATATYPES)}")
-    if "data" not in tensor:
-        raise RequestError(f"input '{name}': no 'data'")
+    is_binary = "binary_data_size" in _parameters(tensor, f"input '{name}'")
+    if is_binary and "data" in tensor:
+        raise RequestError(f"input '{name}': give either 'data' or parameters.binary_data_size, not both")
+    if not is_binary and "data" not in tensor:
+        raise RequestError(f"input '{name}': no 'data' (nor parameters.binary_data_size)")
     count = math.prod(shape)
     if count > MAX_ELEMENTS:
         raise RequestError(f"input '{name}': {count} elements is more than the limit {MAX_ELEMENTS}")
+    if is_binary:
+        if binary is None or name not in binary:
+            raise RequestError(f"input '{name}': parameters.binary_data_size given but no binary data follows "
+                               f"the JSON (is the {HEADER_LENGTH} header set?)")
+        return name, tensor_from_bytes(name, datatype, shape, binary[name]), datatype
     flat: list = []
     _flatten(tensor["data"], flat)
     if len(flat) != count:
@@ -107,9 +143,10 @@ def check_against(spec: TensorSpec, array: np.ndarray, datatype: str) -> None:
                            f"got {list(array.shape)}")
 
 
-def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
-                  ) -> tuple[dict[str, np.ndarray], list[str], dict]:
-    """Validate an inference request against a model's declared tensors.
+def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                  binary: dict[str, bytes] | None = None) -> tuple[dict[str, np.ndarray], list[str], dict]:
+    """Validate an inference request against a model's declared tensors. ``binary``: the binary
+    inputs' bytes by name, from :func:`read_request`.
 
     Returns (named input arrays, requested output names in order, request parameters).
     """
@@ -121,10 +158,12 @@ def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
     params = body.get("parameters", {})
     if not isinstance(params, dict):
         raise RequestError("'parameters' must be an object")
+    if not isinstance(params.get("binary_data_output", False), bool):
+        raise RequestError("parameters.binary_data_output must be true or false")
     declared = {s.name: s for s in inputs}
     feeds = {}
     for tensor in raw:
-        name, array, datatype = decode_input(tensor)
+        name, array, datatype = decode_input(tensor, binary)
         if name not in declared:
             raise RequestError(f"unknown input '{name}'; this model takes {sorted(declared)}")
         if name in feeds:
@@ -145,7 +184,23 @@ def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
     unknown = [n for n in wanted if n not in names]
     if unknown:
         raise RequestError(f"unknown output(s) {unknown}; this model returns {names}")
+    for o in requested:
+        what = f"output '{o['name']}'"
+        out_params = _parameters(o, what)
+        if not isinstance(out_params.get("binary_data", False), bool):
+            raise RequestError(f"{what}: parameters.binary_data must be true or false")
+        if "classification" in out_params:
+            raise RequestError(f"{what}: classification (parameters.classification) is not supported by this server")
     return feeds, wanted, params
+
+
+def binary_outputs(body: dict, wanted: list[str]) -> set[str]:
+    """The outputs to answer as binary data: per output ``parameters.binary_data``, else the
+    request's ``parameters.binary_data_output`` (default false: JSON). ``body`` as checked by
+    :func:`parse_request`."""
+    default = (body.get("parameters") or {}).get("binary_data_output") is True
+    per_output = {o["name"]: (o.get("parameters") or {}).get("binary_data") for o in body.get("outputs") or []}
+    return {n for n in wanted if per_output.get(n) is True or (per_output.get(n) is None and default)}
 
 
 def encode_output(name: str, array: np.ndarray, datatype: str) -> dict:
@@ -158,3 +213,247 @@ def encode_output(name: str, array: np.ndarray, datatype: str) -> dict:
         if datatype == "FP16":
             data = data.astype(np.float32)  # orjson has no float16
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+
+
+# ---- binary tensor data extension ----------------------------------------------------------------
+def _show(value: Any, width: int = 40) -> str:
+    """A client's value, quoted and cut short, for an error message."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def tensor_from_bytes(name: str, datatype: str, shape: list[int], data: bytes) -> np.ndarray:
+    """An input's binary data -> array of ``shape``, checked as JSON data is.
+
+    As the extension lays tensors out: little-endian, row-major, no padding; BOOL one byte (0 or 1);
+    BYTES elements each a 4-byte little-endian length and then the bytes (UTF-8 text here: every
+    served BYTES input is text).
+    """
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        strings, offset, size = [], 0, len(data)
+        while offset < size:
+            if offset + 4 > size:
+                raise RequestError(f"input '{name}': BYTES element {len(strings)} is truncated: "
+                                   f"{size - offset} byte(s) left where its 4-byte length should be")
+            length = int.from_bytes(data[offset : offset + 4], "little")
+            offset += 4
+            if offset + length > size:
+                raise RequestError(f"input '{name}': BYTES element {len(strings)} is truncated: its length says "
+                                   f"{length} bytes but {size - offset} remain")
+            try:
+                strings.append(bytes(data[offset : offset + length]).decode())
+            except UnicodeDecodeError:
+                raise RequestError(f"input '{name}': BYTES element {len(strings)} is not UTF-8 text") from None
+            offset += length
+        if len(strings) != count:
+            raise RequestError(f"input '{name}': shape {shape} needs {count} values, got {len(strings)}")
+        return np.array(strings, dtype=np.object_).reshape(shape)
+    wire = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if len(data) != count * wire.itemsize:
+        raise RequestError(f"input '{name}': shape {shape} of {datatype} takes {count * wire.itemsize} bytes "
+                           f"({count} x {wire.itemsize}), but its binary_data_size is {len(data)}")
+    if datatype == "BOOL" and (np.frombuffer(data, np.uint8) > 1).any():
+        raise RequestError(f"input '{name}': BOOL data must be bytes 0 (false) or 1 (true)")
+    array = np.frombuffer(data, wire).astype(DATATYPES[datatype]).reshape(shape)  # native order, writable
+    if datatype.startswith("FP") and not np.isfinite(array).all():
+        raise RequestError(f"input '{name}': {datatype} data must be finite")
+    return array
+
+
+def tensor_to_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """An array -> its binary data as the extension lays it out (see :func:`tensor_from_bytes`)."""
+    array = np.asarray(array)
+    if datatype == "BYTES":
+        parts = []
+        for value in array.reshape(-1).tolist():
+            raw = value if isinstance(value, bytes) else str(value).encode()
+            parts += (len(raw).to_bytes(4, "little"), raw)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=np.dtype(DATATYPES[datatype]).newbyteorder("<")).tobytes()
+
+
+def _header_length(value: str, body_size: int) -> int:
+    text = value.strip()
+    if not re.fullmatch(r"[0-9]{1,15}", text):
+        raise RequestError(f"the {HEADER_LENGTH} header must be a non-negative integer (the length of the JSON "
+                           f"in bytes), got {_show(value)}")
+    size = int(text)
+    if size > body_size:
+        raise RequestError(f"the {HEADER_LENGTH} header says {size} bytes of JSON but the body has only "
+                           f"{body_size} bytes")
+    return size
+
+
+def _raw_request(raw: bytes, inputs: list[TensorSpec]) -> tuple[dict, dict[str, bytes]]:
+    """``Inference-Header-Content-Length: 0``: the whole body is the data of the model's one input,
+    whose shape follows from the body's size. As in Triton, the request is one batch row (a leading
+    -1 becomes 1), at most one other dimension may be free, a BYTES input is one element (the body
+    without a length prefix), and every output is answered as binary data."""
+    required = [s for s in inputs if not s.optional]
+    if len(required) != 1:
+        raise RequestError(f"a raw binary request ({HEADER_LENGTH}: 0) is for models with one input; this one "
+                           f"takes {[s.name for s in inputs]}: send a JSON header")
+    spec = required[0]
+    shape = list(spec.shape)
+    if shape and shape[0] == -1:
+        shape[0] = 1
+    free = [i for i, d in enumerate(shape) if d == -1]
+    if spec.datatype == "BYTES":
+        if free or math.prod(shape) != 1:
+            raise RequestError(f"a raw binary request for BYTES input '{spec.name}' needs a shape of one element; "
+                               f"the model declares {list(spec.shape)}: send a JSON header")
+        data = len(raw).to_bytes(4, "little") + raw
+    else:
+        if len(free) > 1:
+            raise RequestError(f"a raw binary request cannot tell the shape of input '{spec.name}' "
+                               f"{list(spec.shape)} (more than one free size besides the batch): send a JSON header")
+        if free:
+            row = np.dtype(DATATYPES[spec.datatype]).itemsize * math.prod(d for d in shape if d != -1)
+            if row == 0 or len(raw) % row:
+                raise RequestError(f"a raw binary body of {len(raw)} bytes is not a whole number of {row}-byte "
+                                   f"slices of input '{spec.name}' {list(spec.shape)} ({spec.datatype})")
+            shape[free[0]] = len(raw) // row
+        data = raw
+    body = {"inputs": [{"name": spec.name, "shape": shape, "datatype": spec.datatype,
+                        "parameters": {"binary_data_size": len(data)}}],
+            "parameters": {"binary_data_output": True}}
+    return body, {spec.name: data}
+
+
+def read_request(raw: bytes, header_length: str | None, inputs: list[TensorSpec] | None = None
+                 ) -> tuple[Any, dict[str, bytes]]:
+    """A request body -> (its JSON, {input name: its binary data}) for :func:`parse_request`.
+
+    ``header_length``: the ``Inference-Header-Content-Length`` header. Without it the body is JSON
+    only. With it the first ``header_length`` bytes are the JSON, and the binary data of the inputs
+    that carry ``parameters.binary_data_size`` follow one after another, in the order of the inputs
+    in the JSON, adding up to the rest of the body exactly. ``0``: a raw binary request for the model
+    whose declared ``inputs`` are given (see :func:`_raw_request`).
+    """
+    import orjson  # not at the top: this module is also bundled into Triton's python backend
+
+    size = len(raw) if header_length is None else _header_length(header_length, len(raw))
+    if header_length is not None and size == 0:
+        return _raw_request(raw, list(inputs or []))
+    try:
+        body = orjson.loads(memoryview(raw)[:size])
+    except orjson.JSONDecodeError as err:
+        if header_length is not None:
+            raise RequestError(f"invalid request: the JSON header (the first {size} bytes of the body, as "
+                               f"{HEADER_LENGTH} says) is not valid JSON ({err})") from None
+        hint = f"; binary tensor data needs the {HEADER_LENGTH} header" if b'"binary_data_size"' in raw else ""
+        raise RequestError(f"invalid request: the body is not valid JSON ({err}){hint}") from None
+    tensors = body.get("inputs") if isinstance(body, dict) else None
+    sizes: list[tuple[str, int]] = []
+    for tensor in tensors if isinstance(tensors, list) else []:
+        params = tensor.get("parameters") if isinstance(tensor, dict) else None
+        if not isinstance(params, dict) or "binary_data_size" not in params:
+            continue
+        name, n = tensor.get("name"), params["binary_data_size"]
+        if not isinstance(name, str) or not name:
+            raise RequestError("an input has no 'name'")
+        if not _is_int(n) or n < 0:
+            raise RequestError(f"input '{name}': parameters.binary_data_size must be a non-negative integer, "
+                               f"got {_show(n)}")
+        sizes.append((name, n))
+    declared, available = sum(n for _, n in sizes), len(raw) - size
+    if declared != available:
+        if header_length is None:
+            name = next(name for name, n in sizes if n)
+            raise RequestError(f"input '{name}' has parameters.binary_data_size but the request has no "
+                               f"{HEADER_LENGTH} header to say where the JSON ends")
+        raise RequestError(f"the inputs' binary_data_size add up to {declared} bytes but {available} bytes follow "
+                           f"the {size}-byte JSON header")
+    binary: dict[str, bytes] = {}
+    offset = size
+    for name, n in sizes:
+        if name in binary:
+            raise RequestError(f"input '{name}' given twice")
+        binary[name], offset = raw[offset : offset + n], offset + n
+    return body, binary
+
+
+def decode_body(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo a gzip or deflate ``Content-Encoding`` (tritonclient's request_compression_algorithm);
+    the body it decompresses to may be ``limit`` bytes at most (HTTP 413 beyond)."""
+    codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return raw
+    coding = codings[0]
+    if len(codings) > 1 or coding not in ENCODINGS:
+        raise RequestError(f"Content-Encoding {_show(content_encoding)} is not supported; send the body as it "
+                           "is or compressed with gzip or deflate", headers={"Accept-Encoding": "gzip, deflate"})
+    parts, total, rest = [], 0, raw
+    while True:  # gzip: one member after another
+        stream = zlib.decompressobj(ENCODINGS[coding])
+        try:
+            parts.append(stream.decompress(rest, limit + 1 - total))
+        except zlib.error as err:
+            raise RequestError(f"the body is not valid {coding} data ({err})") from None
+        total += len(parts[-1])
+        if total > limit:
+            raise RequestError(f"request body larger than {limit} bytes once decompressed", status=413)
+        if not stream.eof:
+            raise RequestError(f"the {coding} body is truncated")
+        rest = stream.unused_data
+        if not rest:
+            return b"".join(parts)
+        if coding != "gzip":
+            raise RequestError(f"the {coding} body has {len(rest)} bytes after the end of its data")
+
+
+def accepted_encoding(accept_encoding: str | None) -> str | None:
+    """gzip or deflate when ``Accept-Encoding`` takes one (the higher q; the first on a tie), else None."""
+    best, best_q = None, 0.0
+    for item in (accept_encoding or "").split(","):
+        coding, _, rest = item.partition(";")
+        coding = coding.strip().lower()
+        if coding not in ENCODINGS:
+            continue
+        match = re.search(r"q\s*=\s*([0-9.]+)", rest)
+        try:
+            q = float(match.group(1)) if match else 1.0
+        except ValueError:
+            q = 0.0
+        if q > best_q:
+            best, best_q = coding, q
+    return best
+
+
+def encode_response(header: dict, outputs: list[tuple[str, np.ndarray, str]],
+                    binary: set[str] | frozenset = frozenset(), accept_encoding: str | None = None
+                    ) -> tuple[bytes, dict[str, str]]:
+    """A response -> (body, HTTP headers). ``header``: model_name, model_version, id...;
+    ``outputs``: (name, array, datatype) in order; ``binary``: the outputs to send as binary data.
+
+    No binary output: the JSON response (application/json). Otherwise the JSON, whose binary
+    outputs carry ``parameters.binary_data_size`` instead of ``data``, then their bytes in order
+    (application/octet-stream, ``Inference-Header-Content-Length``: the JSON's length). Compressed
+    when ``Accept-Encoding`` takes gzip or deflate and the body has ``COMPRESS_MIN_BYTES`` or more:
+    fast (level 1), since it runs on the event loop.
+    """
+    import orjson  # not at the top: this module is also bundled into Triton's python backend
+
+    tensors, chunks = [], []
+    for name, array, datatype in outputs:
+        if name in binary:
+            data = tensor_to_bytes(array, datatype)
+            tensors.append({"name": name, "datatype": datatype, "shape": list(np.shape(array)),
+                            "parameters": {"binary_data_size": len(data)}})
+            chunks.append(data)
+        else:
+            tensors.append(encode_output(name, array, datatype))
+    text = orjson.dumps({**header, "outputs": tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
+    if any(name in binary for name, _, _ in outputs):
+        body = b"".join([text, *chunks])
+        headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
+    else:
+        body, headers = text, {"Content-Type": "application/json"}
+    coding = accepted_encoding(accept_encoding) if len(body) >= COMPRESS_MIN_BYTES else None
+    if coding is not None:
+        packer = zlib.compressobj(1, zlib.DEFLATED, ENCODINGS[coding])
+        body = packer.compress(body) + packer.flush()
+        headers["Content-Encoding"] = coding
+    return body, headers

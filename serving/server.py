@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -29,9 +28,19 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from serving import __version__
-from serving.batching import DynamicBatcher
-from serving.protocol import RequestError, encode_output, parse_request
-from serving.repository import GraphModel, Repository, ServedModel
+from serving.admission import COMPUTE, Admission, deadline_scope
+from serving.base import GraphModel, ServedModel
+from serving.batching import DynamicBatcher, StepBatcher
+from serving.protocol import (
+    HEADER_LENGTH,
+    RequestError,
+    binary_outputs,
+    decode_body,
+    encode_response,
+    parse_request,
+    read_request,
+)
+from serving.repository import Repository
 
 log = logging.getLogger("attnzoo.serving")
 ENV_CONFIG = "ATTNZOO_SERVE_CONFIG"  # how `--workers N` hands the config to each worker process
@@ -45,14 +54,18 @@ class ServeConfig:
     workers: int = 1
     provider: str = "auto"  # auto | cpu | cuda
     ort_threads: int = 0  # ONNX Runtime intra-op threads per session (0: its default)
-    infer_threads: int = 2  # concurrent inference calls per worker process
+    infer_threads: int = 2  # ONNX Runtime calls in flight at once per worker process
     max_batch: int = 64  # rows per dynamically batched call
     # The longest a request waits for companions. 0: batch only what queued up while the previous
     # call ran, which measured best on 2 cores (docs/benchmarks.md); raise it on big GPUs.
     batch_delay_ms: float = 0.0
-    max_queue: int = 1024  # queued requests per batched model before HTTP 503
+    running: int = 64  # requests worked on at once (decode loops alive) per worker process
+    max_queue: int = 256  # requests waiting for a turn before HTTP 503 + Retry-After
+    step_batching: bool = True  # concurrent decode loops share each step's graph call
+    step_delay_ms: float = 2.0  # the longest a step waits for the other loops' steps
+    max_step_rows: int = 256  # rows of one shared step call
     max_body_mb: float = 8.0
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
 
 
 # ---- OpenAPI schema of the protocol (requests are parsed by serving.protocol) --------------------
@@ -107,6 +120,7 @@ class ModelMetadata(BaseModel):
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+    parameters: dict[str, Any] | None = None  # version, default_version (+ reason), kind, limits
 
 
 class ServerMetadata(BaseModel):
@@ -179,19 +193,28 @@ class BodyLimit:
 
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
-    repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads)
+    registry = CollectorRegistry()
+    batch_rows = Histogram("attnzoo_batch_rows", "Rows per batched ONNX Runtime call (requests or decode steps)",
+                           ["model"], registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+    def step_batcher(model: str, graph):
+        return StepBatcher(graph, cfg.max_step_rows, cfg.step_delay_ms / 1000, batch_rows.labels(model).observe)
+
+    COMPUTE.resize(cfg.infer_threads)
+    repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads,
+                                    wrap=step_batcher if cfg.step_batching else None)
     log.info("serving %d model(s) from %s with %s", len(repo.models), cfg.repository,
              ", ".join(sorted(repo.providers)) or "no execution provider (empty repository)")
     for key, why in repo.errors.items():
         log.error("not served: %s (%s)", key, why)
-    executor = ThreadPoolExecutor(cfg.infer_threads, thread_name_prefix="infer")
-    registry = CollectorRegistry()
+    # One thread per admitted request: a decode loop mostly waits for its shared step calls; the
+    # CPU-bound work is bounded by COMPUTE, the number of requests by the admission queue.
+    executor = ThreadPoolExecutor(cfg.running, thread_name_prefix="infer")
+    admission = Admission(cfg.running, cfg.max_queue)
     requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
                        registry=registry)
     latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model"], registry=registry,
                         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-    batch_rows = Histogram("attnzoo_batch_rows", "Rows per dynamically batched ONNX Runtime call", ["model"],
-                           registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     batchers: dict[tuple[str, int], DynamicBatcher] = {}
 
     app = FastAPI(title="attnzoo inference server", version=__version__,
@@ -200,7 +223,9 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
 
     @app.exception_handler(RequestError)
     async def _request_error(_, err: RequestError):
-        return error(err.status, str(err))
+        response = error(err.status, str(err))
+        response.headers.update(err.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, err: RequestValidationError):
@@ -214,7 +239,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
 
     @app.get("/v2", response_model=ServerMetadata)
     async def server_metadata():
-        return {"name": "attnzoo", "version": __version__, "extensions": []}
+        return {"name": "attnzoo", "version": __version__, "extensions": ["binary_tensor_data"]}
 
     @app.get("/v2/health/live", response_model=Live)
     async def live():
@@ -226,7 +251,16 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     def metadata(name: str, version: str | None):
-        return repo.get(name, version).metadata(repo.versions(name))
+        model = repo.get(name, version) if version is not None else None
+        default, why = repo.default(name)
+        if model is None:
+            model = repo.get(name, str(default) if default is not None else str(max(repo.versions(name))))
+        # Beyond the protocol's fields: which version a request without one gets and why, the kind
+        # of input the model takes and its limits (over a limit: HTTP 413).
+        return {**model.metadata(repo.versions(name)), "parameters": {
+            "version": str(model.version), "default_version": None if default is None else str(default),
+            "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
+            "kind": model.kind, "limits": model.limits.as_json()}}
 
     def model_ready(name: str, version: str | None):
         repo.get(name, version)
@@ -237,22 +271,27 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         status = 500
         try:
             model = repo.get(name, version)
-            try:  # parsed and checked here, not by pydantic: one pass over possibly large data
-                body = orjson.loads(await request.body())
-            except orjson.JSONDecodeError as err:
-                raise RequestError(f"invalid request: the body is not valid JSON ({err})") from None
-            feeds, wanted, params = parse_request(body, model.inputs, model.outputs)
+            # Parsed and checked by serving.protocol, not by pydantic: one pass over possibly large
+            # data, JSON or JSON + binary tensor data (Inference-Header-Content-Length), maybe gzipped.
+            raw = decode_body(await request.body(), request.headers.get("content-encoding"),
+                              int(cfg.max_body_mb * 2**20))
+            body, binary = read_request(raw, request.headers.get(HEADER_LENGTH), model.inputs)
+            feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
+            as_binary = binary_outputs(body, wanted)
             request_id = body.get("id")
             if request_id is not None and not isinstance(request_id, str):
                 raise RequestError("'id' must be a string")
-            outs = await asyncio.wait_for(run_model(model, feeds, params), cfg.timeout_s)
+            model.check_limits(feeds, params)  # 413 before any work is queued
+            async with admission.turn():  # 503 + Retry-After when the waiting room is full
+                # the loop itself stops at its deadline (504); the grace covers the last step
+                outs = await asyncio.wait_for(run_model(model, feeds, params), cfg.timeout_s + 5)
             status = 200
-            response = {"model_name": model.name, "model_version": str(model.version),
-                        "outputs": [encode_output(n, *outs[n]) for n in wanted]}
+            header = {"model_name": model.name, "model_version": str(model.version)}
             if request_id is not None:
-                response["id"] = request_id
-            return Response(orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY),
-                            media_type="application/json")
+                header["id"] = request_id
+            content, headers = encode_response(header, [(n, *outs[n]) for n in wanted], as_binary,
+                                               request.headers.get("accept-encoding"))
+            return Response(content, headers=headers)
         except RequestError as err:
             status = err.status
             raise
@@ -262,6 +301,10 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         finally:
             requests.labels(name, str(status)).inc()
             latency.labels(name).observe(time.perf_counter() - started)
+
+    def _infer(model: ServedModel, feeds: dict, params: dict) -> dict:
+        with deadline_scope(cfg.timeout_s):
+            return model.infer(feeds, params)
 
     async def run_model(model: ServedModel, feeds: dict, params: dict) -> dict:
         try:
@@ -273,7 +316,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
                     batchers[key] = DynamicBatcher(model.infer, executor, cfg.max_batch, cfg.batch_delay_ms / 1000,
                                                    cfg.max_queue, batch_rows.labels(model.name).observe)
                 return await batchers[key].infer(feeds)
-            return await asyncio.get_running_loop().run_in_executor(executor, model.infer, feeds, params)
+            return await asyncio.get_running_loop().run_in_executor(executor, _infer, model, feeds, params)
         except RequestError:
             raise
         except Exception as err:  # ONNX Runtime rejects what the declared shapes cannot (e.g. ids out of range)
@@ -297,8 +340,26 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     async def ready_model_version(name: str, version: str):
         return model_ready(name, version)
 
-    body_doc = {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/InferenceRequest"}}}}}
+    binary_doc = ("the binary tensor data extension (application/octet-stream): the JSON, its length in bytes in "
+                  "Inference-Header-Content-Length, then the raw bytes of each tensor that has "
+                  "parameters.binary_data_size, in order (little-endian, row-major; BOOL 1 byte; BYTES elements "
+                  "a 4-byte little-endian length, then the bytes).")
+    header_doc = [
+        {"name": "Inference-Header-Content-Length", "in": "header", "required": False, "schema": {"type": "integer"},
+         "description": "Length of the JSON at the start of an application/octet-stream body; 0: the whole body "
+                        "is the raw data of the model's one input."},
+        {"name": "Content-Encoding", "in": "header", "required": False,
+         "schema": {"type": "string", "enum": ["gzip", "deflate", "identity"]}},
+        {"name": "Accept-Encoding", "in": "header", "required": False, "schema": {"type": "string"},
+         "description": "gzip or deflate: the response comes compressed."}]
+    body_doc = {"requestBody": {"required": True, "description": "JSON, or " + binary_doc, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        "parameters": header_doc,
+        "responses": {"200": {"description": "JSON unless binary outputs were asked for (parameters.binary_data "
+                                             "per output, binary_data_output per request): then " + binary_doc,
+                              "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                  "format": "binary"}}}}}}
 
     @app.post("/v2/models/{name}/infer", response_model=InferenceResponse, responses=ERRORS, openapi_extra=body_doc)
     async def infer_latest(name: str, request: Request):

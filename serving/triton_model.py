@@ -18,15 +18,15 @@ import triton_python_backend_utils as pb_utils  # provided by Triton's python ba
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the bundled copy of serving/
 
+from serving.kinds import load_version  # noqa: E402
 from serving.protocol import DATATYPES, RequestError  # noqa: E402
-from serving.repository import load_version  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         folder = Path(args["model_repository"]) / args["model_version"]
         provider = "cuda" if args.get("model_instance_kind") == "GPU" else "cpu"
-        self.model, _ = load_version(args["model_name"], int(args["model_version"]), folder, provider)
+        self.model, _, _ = load_version(args["model_name"], int(args["model_version"]), folder, provider)
         if self.model is None:
             raise pb_utils.TritonModelException(f"{folder}: metadata.json has no serving loop")
 

@@ -48,13 +48,15 @@ def _tokenizer(path: Path, lines: list[str]) -> None:
                                    unk_id=3, hard_vocab_limit=False, minloglevel=2)
 
 
-def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, artifacts: list[Path]) -> dict:
+def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, artifacts: list[Path],
+             promoted: bool = True) -> dict:
     onnx_dir = tmp / f"{name}-{len(list(tmp.iterdir()))}"
     export_onnx(model, onnx_dir)
     run = SimpleNamespace(task=task, evaluate={"beam": 3})
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
-                                  {"arch": arch, "task": task}, artifacts)
+                                  {"arch": arch, "task": task, "parity_passed": True, "production": promoted},
+                                  artifacts)
     assert created
     return meta
 
@@ -635,15 +637,20 @@ def test_triton_configs_follow_tritons_schema_and_the_servers_metadata(server):
                            ("draw", [1])):
         cfg = _triton_model_config(server.published.repo / name / "config.pbtxt")
         meta = raw(server.url, "GET", f"/v2/models/{name}")[1]
-        assert cfg.name == name and cfg.max_batch_size == 0
+        assert cfg.name == name
         if versions:  # loops: the python backend over the versions that bundle model.py
             assert cfg.backend == "python" and list(cfg.version_policy.specific.versions) == versions
+            assert cfg.max_batch_size == 0 and not cfg.HasField("dynamic_batching")
         else:  # one graph: Triton's ONNX Runtime backend reads <version>/model.onnx itself
             assert cfg.platform == "onnxruntime_onnx" and not cfg.backend
             assert (server.published.repo / name / "1" / "model.onnx").exists()
+            # axis 0 free on every input and output (act's): Triton batches, the batch axis left out of dims
+            assert cfg.max_batch_size == 64 and cfg.dynamic_batching.max_queue_delay_microseconds > 0
+        batch = [-1] if cfg.max_batch_size else []  # what Triton reports before a batched model's dims
         v2 = {"TYPE_STRING": "BYTES"}
         for declared, served in ((cfg.input, meta["inputs"]), (cfg.output, meta["outputs"])):
-            got = [{"name": t.name, "datatype": v2.get(n, n[5:]), "shape": list(t.dims)}
+            got = [{"name": t.name, "datatype": v2.get(n, n[5:]),
+                    "shape": batch + list(t.reshape.shape if t.HasField("reshape") else t.dims)}
                    for t in declared for n in [module_type_name(t)]]
             assert got == served
 

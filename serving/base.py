@@ -1,0 +1,91 @@
+"""What every served model is: a name, a version, declared tensors, limits and ``infer``.
+
+Input kinds (``serving/kinds/``) subclass :class:`ServedModel`; :class:`GraphModel` is one ONNX
+graph as it is (``<model>.<graph>``, and one-graph models under their own name).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from serving.admission import Limits, over_limit
+from serving.protocol import ONNX_TYPES, RequestError, TensorSpec
+from serving.runtime import OrtGraph
+
+
+class ServedModel(ABC):
+    """``infer(feeds, params) -> {name: (array, datatype)}`` over validated inputs.
+
+    ``limit_axes`` maps an input to ``{axis: (what, limit)}``: the generic checks of
+    :meth:`check_limits` (rows on axis 0, time steps on axis 1, ...), run before any work.
+    """
+
+    platform = "onnxruntime_onnx"
+    kind = "graph"
+    batchable = False  # True: requests may be concatenated along axis 0 and split afterwards
+    limit_axes: dict[str, dict[int, tuple[str, str]]] = {}
+
+    def __init__(self, name: str, version: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 limits: Limits | None = None):
+        self.name, self.version, self.inputs, self.outputs = name, version, inputs, outputs
+        self.limits = limits or Limits()
+
+    def metadata(self, versions: list[int]) -> dict:
+        return {"name": self.name, "versions": [str(v) for v in versions], "platform": self.platform,
+                "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
+
+    def check_limits(self, feeds: dict[str, np.ndarray], params: dict) -> None:
+        """413 for a request over one of this model's limits (before any work is queued)."""
+        for name, axes in self.limit_axes.items():
+            if name in feeds:
+                for axis, (what, limit) in axes.items():
+                    if feeds[name].ndim > axis:
+                        over_limit(f"input '{name}': the number of {what} (axis {axis})", feeds[name].shape[axis],
+                                   limit, getattr(self.limits, limit))
+        if "beam" in params and isinstance(params["beam"], int):
+            over_limit("parameter 'beam'", params["beam"], "beam", self.limits.beam)
+
+    @abstractmethod
+    def infer(self, feeds: dict[str, np.ndarray], params: dict) -> dict[str, tuple[np.ndarray, str]]:
+        """Run on validated inputs; raise RequestError for input the model cannot take."""
+
+
+def decode_params(params: dict, mode: str, beam: int) -> tuple[str, int]:
+    """The request's ``decode`` and ``beam`` parameters, checked; the arguments are the defaults."""
+    mode, beam = params.get("decode", mode), params.get("beam", beam)
+    if mode not in ("beam", "greedy"):
+        raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
+    if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:
+        raise RequestError("parameter 'beam' must be a positive integer")
+    return mode, beam
+
+
+def specs(items) -> list[TensorSpec]:
+    """onnxruntime's input/output descriptions as declared tensors (symbolic sizes: -1)."""
+    return [TensorSpec(i.name, ONNX_TYPES.get(i.type, i.type),
+                       tuple(d if isinstance(d, int) else -1 for d in i.shape)) for i in items]
+
+
+def check_pixels(name: str, images: np.ndarray, low: float = 0.0) -> None:
+    if not np.isfinite(images).all() or images.min(initial=0) < low or images.max(initial=0) > 1:
+        raise RequestError(f"input '{name}' must hold pixel values from {low:g} to 1")
+
+
+class GraphModel(ServedModel):
+    """One ONNX graph as it is. Batchable when every input and output has a free batch axis 0."""
+
+    def __init__(self, name: str, version: int, graph: OrtGraph, limits: Limits | None = None):
+        sess = graph.session
+        super().__init__(name, version, specs(sess.get_inputs()), specs(sess.get_outputs()), limits)
+        self.graph = graph
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in self.inputs + self.outputs)
+        # rows on axis 0, sequence lengths on any other free axis
+        self.limit_axes = {s.name: {a: (("rows", "rows") if a == 0 else ("steps", "steps"))
+                                    for a, d in enumerate(s.shape) if d == -1} for s in self.inputs}
+
+    def infer(self, feeds, params):
+        outs = self.graph(feeds)
+        types = {s.name: s.datatype for s in self.outputs}
+        return {k: (v, types[k]) for k, v in outs.items()}

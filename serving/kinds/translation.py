@@ -1,0 +1,91 @@
+"""Translation: ``text`` (BYTES) in, the translation with its alignment out (SentencePiece
+tokenizers bundled with the version)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from serving import decode
+from serving.admission import over_limit
+from serving.base import ServedModel, decode_params
+from serving.kinds import register
+from serving.protocol import TensorSpec
+
+
+@register("translation")
+class TranslationModel(ServedModel):
+    """encoder + decoder_step + SentencePiece tokenizers: text in, translation and alignment out."""
+
+    platform = "attnzoo_seq2seq"
+    limit_axes = {"text": {0: ("texts", "rows")}}
+
+    def __init__(self, name: str, version: int, folder: Path, meta: dict, graphs: dict, limits=None):
+        import sentencepiece as spm
+
+        super().__init__(name, version, [TensorSpec("text", "BYTES", (-1,))], [
+            TensorSpec("translation", "BYTES", (-1,)),
+            TensorSpec("attention", "FP32", (-1, -1, -1)),  # [N, target pieces (+EOS), source pieces]
+            TensorSpec("source_pieces", "BYTES", (-1, -1)),
+            TensorSpec("target_pieces", "BYTES", (-1, -1)),
+        ], limits)
+        self.serving = meta["serving"]
+        self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
+        self.src_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["source_tokenizer"]))
+        self.tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["target_tokenizer"]))
+
+    def encode(self, text: str) -> list[int]:
+        over_limit("the length of a text in characters", len(text), "text_chars", self.limits.text_chars)
+        ids = self.src_sp.encode(text)
+        return ids + [self.serving["eos_id"]] if self.serving.get("append_eos") else ids
+
+    def translate(self, texts: list[str], mode: str, beam: int) -> list[dict]:
+        """Each text -> {"tokens": target ids without EOS, "attention": [T(+1), S'], "src": ids}."""
+        s = self.serving
+        srcs = [self.encode(t) for t in texts]
+        if mode == "beam":
+            out = []
+            for src in srcs:
+                r = decode.beam_search(self.encoder, self.step, np.array([src], dtype=np.int64),
+                                       np.array([len(src)], dtype=np.int64), s["bos_id"], s["eos_id"],
+                                       s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0))
+                out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src})
+            return out
+        width = max(len(x) for x in srcs)
+        src = np.full((len(srcs), width), s["pad_id"], dtype=np.int64)  # [N,S] right-padded
+        for i, ids in enumerate(srcs):
+            src[i, : len(ids)] = ids
+        lens = np.array([len(x) for x in srcs], dtype=np.int64)
+        r = decode.greedy(self.encoder, self.step, src, lens, s["bos_id"], s["eos_id"], s["max_len"], s["pad_id"])
+        out = []
+        for i in range(len(srcs)):
+            n = int(r["lengths"][i])
+            rows = min(n + 1, r["attention"].shape[1])  # the emitted pieces and the EOS step
+            out.append({"tokens": r["tokens"][i, :n].tolist(), "attention": r["attention"][i, :rows], "src": srcs[i]})
+        return out
+
+    def infer(self, feeds, params):
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
+        texts = [str(t) for t in feeds["text"].reshape(-1)]
+        if not texts:
+            return {"translation": (np.array([], dtype=object), "BYTES"),
+                    "attention": (np.zeros((0, 0, 0), np.float32), "FP32"),
+                    "source_pieces": (np.zeros((0, 0), dtype=object), "BYTES"),
+                    "target_pieces": (np.zeros((0, 0), dtype=object), "BYTES")}
+        results = self.translate(texts, mode, beam)
+        rows = max(r["attention"].shape[0] for r in results)
+        cols = max(r["attention"].shape[1] for r in results)
+        attention = np.zeros((len(results), rows, cols), dtype=np.float32)  # zero-padded [N,T,S]
+        src_pieces = np.full((len(results), max(len(r["src"]) for r in results)), "", dtype=object)
+        tgt_pieces = np.full((len(results), rows), "", dtype=object)
+        for i, r in enumerate(results):
+            a = r["attention"]
+            attention[i, : a.shape[0], : a.shape[1]] = a
+            src_pieces[i, : len(r["src"])] = [self.src_sp.id_to_piece(t) for t in r["src"]]
+            pieces = [self.tgt_sp.id_to_piece(t) for t in r["tokens"]]
+            pieces += ["</s>"] * (a.shape[0] - len(pieces))  # the EOS step's row, when decoded
+            tgt_pieces[i, : len(pieces)] = pieces
+        translations = np.array([self.tgt_sp.decode(r["tokens"]) for r in results], dtype=object)
+        return {"translation": (translations, "BYTES"), "attention": (attention, "FP32"),
+                "source_pieces": (src_pieces, "BYTES"), "target_pieces": (tgt_pieces, "BYTES")}

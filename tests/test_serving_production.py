@@ -1,0 +1,215 @@
+"""Serving in production: step batching across requests, the version policy, limits, deadlines
+and admission — each against a real server process on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import models
+from serving.client import Client
+from tests.conftest import ROOT, TINY, tiny_batch
+from tests.test_serving import TEXTS, _free_port, _metric, _publish, published, raw, server  # noqa: F401
+
+
+def start_server(repo: Path, *flags: str) -> SimpleNamespace:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(repo), "--port", str(port),
+                             *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = Client(f"http://127.0.0.1:{port}", timeout=60)
+    if not client.wait_ready(60, alive=lambda: proc.poll() is None) and not client.call("GET", "/v2/health/live"):
+        proc.kill()
+        raise RuntimeError(f"server did not start:\n{proc.communicate()[0]}")
+    return SimpleNamespace(url=client.url, client=client, proc=proc)
+
+
+def stop(srv: SimpleNamespace) -> str:
+    srv.proc.terminate()
+    log = srv.proc.communicate(timeout=30)[0]
+    assert "Traceback" not in log, log[-3000:]
+    return log
+
+
+# ---- step batching: concurrent decode loops share their graph calls --------------------------------
+def _requests() -> list[tuple[str, dict, dict]]:
+    """Requests to every looping kind, greedy and beam, of different lengths (the step batcher
+    pads the source axis where the graphs declare one and groups equal shapes elsewhere)."""
+    rng = np.random.default_rng(0)
+    reqs = []
+    for name in ("bahdanau", "luong", "transformer"):
+        for mode in ("greedy", "beam"):
+            for text in TEXTS:
+                reqs.append((name, {"text": [text]}, {"decode": mode}))
+    for t in (3, 5, 8):
+        reqs.append(("ntm", {"x": rng.integers(0, 2, (1, t, 5)).astype(np.float32)}, {}))
+    ram = tiny_batch("ram", seed=4, batch=2)["image"].numpy()
+    ocr = tiny_batch("attention_ocr", seed=3)
+    images = tiny_batch("show_attend_tell", seed=7, batch=2)["image"].numpy()
+    for i in range(2):
+        reqs.append(("ram", {"image": ram[i : i + 1]}, {}))
+        reqs.append(("draw", {"x": tiny_batch("draw", seed=5 + i, batch=1)["x"].numpy()}, {}))
+    for mode in ("greedy", "beam"):
+        for n in (4, 6):
+            reqs.append(("pointer", {"points": rng.random((1, n, 2), dtype=np.float32)}, {"decode": mode}))
+        for i in range(2):
+            reqs.append(("captioner", {"image": images[i : i + 1]}, {"decode": mode}))
+            w = int(ocr["width"][i])
+            reqs.append(("ocr", {"image": ocr["image"][i : i + 1, :, :w].numpy()}, {"decode": mode}))
+        for k in (3200, 2000):
+            reqs.append(("speech", {"audio": rng.uniform(-0.5, 0.5, (1, k)).astype(np.float32)}, {"decode": mode}))
+    return reqs
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = np.asarray(a[k]), np.asarray(b[k])
+        assert x.shape == y.shape, k
+        if x.dtype.kind in "fc":
+            np.testing.assert_allclose(x, y, atol=1e-5, err_msg=k)
+        else:
+            assert np.array_equal(x, y), k
+
+
+def test_concurrent_decode_loops_share_steps_and_answer_as_alone(server):  # noqa: F811
+    reqs = _requests()
+    alone = [server.client.infer(n, f, parameters=p) for n, f, p in reqs]
+    before = _metric(server.url, 'attnzoo_batch_rows_count{model="bahdanau"}')
+    rows_before = _metric(server.url, 'attnzoo_batch_rows_sum{model="bahdanau"}')
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        together = list(pool.map(lambda r: server.client.infer(r[0], r[1], parameters=r[2]), reqs))
+    for a, b in zip(alone, together):
+        _same(a, b)
+    calls = _metric(server.url, 'attnzoo_batch_rows_count{model="bahdanau"}') - before
+    rows = _metric(server.url, 'attnzoo_batch_rows_sum{model="bahdanau"}') - rows_before
+    assert calls > 0 and rows / calls > 1  # shared calls happened, with more than one row on average
+
+
+# ---- a small repository with limits, promoted and unpromoted versions ---------------------------------
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """ntm v1 (promoted), v2 (not promoted), v3 (an older publish: parity and bar recorded, no
+    production flag); `unpromoted` with one version that failed its bar; a stray '²' folder."""
+    from pipeline.export import export_onnx
+    from pipeline.publish import serving_meta, write_version
+
+    tmp = tmp_path_factory.mktemp("production")
+    root = tmp / "model_repository"
+    limits = {"rows": 4, "steps": 4000, "beam": 4}
+
+    def put(name: str, seed: int, meta: dict) -> None:
+        torch.manual_seed(seed)
+        model = models.build("ntm", TINY["ntm"]).eval()
+        onnx_dir = tmp / f"onnx-{name}-{seed}"
+        export_onnx(model, onnx_dir)
+        graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
+        run = SimpleNamespace(task="copy", evaluate={})
+        write_version(root / name, name, onnx_dir, {**serving_meta(model.cfg, graphs, run), "limits": limits},
+                      {"arch": "ntm", "task": "copy", **meta}, [])
+
+    put("ntm", 1, {"parity_passed": True, "bar": {"passed": True}, "production": True})
+    put("ntm", 2, {"parity_passed": True, "bar": {"passed": False}, "production": False})
+    put("unpromoted", 3, {"parity_passed": True, "bar": {"passed": False}, "production": False})
+    (root / "ntm" / "²").mkdir()  # not a version: must be ignored, not crash start-up
+    shutil.copy2(root / "ntm" / "1" / "metadata.json", root / "ntm" / "²" / "metadata.json")
+    return root
+
+
+def test_default_version_is_the_promoted_one_and_explicit_versions_stay_reachable(repo):
+    srv = start_server(repo)
+    try:
+        status, meta = raw(srv.url, "GET", "/v2/models/ntm")
+        assert status == 200 and meta["versions"] == ["1", "2"]
+        p = meta["parameters"]
+        assert p["default_version"] == "1" and p["version"] == "1"
+        assert "promoted to production" in p["default_version_reason"]
+        assert p["kind"] == "recurrent" and p["limits"]["steps"] == 4000 and p["limits"]["rows"] == 4
+        x = np.zeros((1, 3, 5), np.float32)
+        v1 = srv.client.infer("ntm", {"x": x}, version=1)
+        assert np.array_equal(srv.client.infer("ntm", {"x": x})["logits"], v1["logits"])
+        v2 = srv.client.infer("ntm", {"x": x}, version=2)  # not promoted, still reachable by number
+        assert not np.allclose(v2["logits"], v1["logits"])
+        status, body = raw(srv.url, "POST", "/v2/models/unpromoted/infer",
+                           json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 5], "datatype": "FP32",
+                                                   "data": [0.0] * 15}]}).encode())
+        assert status == 409 and "no version was promoted to production" in body["error"], body
+        assert "/v2/models/unpromoted/versions/" in body["error"]
+        status, meta = raw(srv.url, "GET", "/v2/models/unpromoted")
+        assert status == 200 and meta["parameters"]["default_version"] is None
+        for path in ("/v2/models/ntm/versions/%C2%B2", "/v2/models/ntm/versions/%C2%B2/infer",
+                     "/v2/models/ntm/versions/01x"):
+            post = path.endswith("infer")
+            status, body = raw(srv.url, "POST" if post else "GET", path, b"{}" if post else None)
+            assert status == 404 and "has no version" in body["error"], (path, status, body)
+    finally:
+        stop(srv)
+
+
+def _x(t: int, n: int = 1) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [n, t, 5], "datatype": "FP32",
+                                   "data": [0.5] * (n * t * 5)}]}).encode()
+
+
+def test_requests_over_a_limit_get_413_naming_it(repo):
+    srv = start_server(repo)
+    try:
+        status, body = raw(srv.url, "POST", "/v2/models/ntm/infer", _x(4001))
+        assert status == 413 and "limits.steps = 4000" in body["error"] and "time steps" in body["error"], body
+        status, body = raw(srv.url, "POST", "/v2/models/ntm/infer", _x(2, n=5))
+        assert status == 413 and "limits.rows = 4" in body["error"], body
+        status, body = raw(srv.url, "POST", "/v2/models/ntm.step/infer", json.dumps({"inputs": []}).encode())
+        assert status == 400
+        assert raw(srv.url, "POST", "/v2/models/ntm/infer", _x(4000))[0] == 200  # at the limit: served
+    finally:
+        stop(srv)
+
+
+def test_a_deadline_stops_the_decode_loop_and_frees_the_worker(repo):
+    # One ONNX Runtime call at a time: were the timed-out loop still running, the next request
+    # would wait for it.
+    srv = start_server(repo, "--timeout-s", "0.3", "--infer-threads", "1")
+    try:
+        started = time.monotonic()
+        status, body = raw(srv.url, "POST", "/v2/models/ntm/infer", _x(4000, n=4))  # several seconds of steps
+        took = time.monotonic() - started
+        assert status == 504 and "deadline of 0.3 s" in body["error"], body
+        assert took < 2.0, took
+        started = time.monotonic()
+        assert raw(srv.url, "POST", "/v2/models/ntm/infer", _x(3))[0] == 200
+        assert time.monotonic() - started < 1.0
+    finally:
+        stop(srv)
+
+
+def test_a_full_admission_queue_answers_503_with_retry_after(repo):
+    srv = start_server(repo, "--running", "1", "--max-queue", "1")
+    try:
+        def call(_):
+            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=_x(1500, n=2), method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    return resp.status, None
+            except urllib.error.HTTPError as err:
+                return err.code, err.headers.get("Retry-After")
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(call, range(8)))
+        statuses = [s for s, _ in answers]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 2 and 503 in statuses, answers
+        assert all(retry == "1" for s, retry in answers if s == 503)
+        assert raw(srv.url, "GET", "/v2/health/ready")[0] == 200
+    finally:
+        stop(srv)
