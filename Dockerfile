@@ -1,0 +1,62 @@
+# attnzoo serving image: the Open Inference Protocol (KServe v2) REST server, `python -m serving.server`,
+# over a published model repository (model_repository/<model>/<version>/) mounted at /mnt/models, where
+# KServe's storage initializer (s3://, gs://, ...) or its PVC mount (pvc://) puts an InferenceService's
+# storageUri. torch-free: only pyproject.toml's `serve` extra is installed, never the project's main
+# dependencies (torch, ray, mlflow, dvc ...). See deploy/README.md.
+#
+# CPU (default; onnxruntime from PyPI):
+#   docker build -t attnzoo-serve:0.1.0 .
+# GPU: a CUDA 12 + cuDNN 9 runtime base (what onnxruntime-gpu >= 1.19 on PyPI is built for) and
+# onnxruntime-gpu instead of onnxruntime. Ubuntu 24.04's python3 is 3.12 (22.04's 3.10 is too old):
+#   docker build -t attnzoo-serve:0.1.0-cuda \
+#     --build-arg BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 --build-arg ONNXRUNTIME=onnxruntime-gpu .
+# Run (the server picks the CUDA execution provider when a GPU is visible, `--provider auto`):
+#   docker run --rm -p 8080:8080 -v "$PWD/model_repository:/mnt/models:ro" attnzoo-serve:0.1.0
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+# onnxruntime (CPU) or onnxruntime-gpu: replaces the `onnxruntime` entry of the serve extra, same version range.
+ARG ONNXRUNTIME=onnxruntime
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# nvidia/cuda images come without Python: take the distribution's. Either way the server gets its own venv.
+# (Not pinned: python3's version is the chosen base's.)
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null 2>&1; then \
+        apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 -m venv /opt/venv
+
+WORKDIR /app
+
+# The serve extra only (read from pyproject.toml, the one list): `pip install .` or ".[serve]" would also
+# install the main dependencies, torch among them. The build fails if torch got in all the same.
+COPY pyproject.toml ./
+RUN python -c 'import os, re, tomllib; reqs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["serve"]; print("\n".join(re.sub(r"^onnxruntime(?=[\s<>=!~;\[]|$)", os.environ["ONNXRUNTIME"], r) for r in reqs))' > requirements-serve.txt \
+    && cat requirements-serve.txt \
+    && pip install -r requirements-serve.txt \
+    && python -c 'import importlib.util, sys; sys.exit("torch is installed in the serving image" if importlib.util.find_spec("torch") else 0)'
+
+# The server itself: the serving package, nothing of models/ or pipeline/ (run from /app, no install needed).
+COPY serving/ serving/
+
+# Non-root, with a numeric id so that Kubernetes' runAsNonRoot can verify it.
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /app --shell /usr/sbin/nologin attnzoo
+USER 10001:10001
+
+EXPOSE 8080
+# Docker's own health check (Kubernetes ignores it: deploy/kserve/serving-runtime.yaml has the probes).
+# Ready: every version in the repository loaded. Loading all graphs takes a while, hence the start period.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/v2/health/ready', timeout=4)"]
+
+# `docker run IMAGE --workers 2 ...` or a ServingRuntime's args replace CMD (give the flags below again).
+ENTRYPOINT ["python", "-m", "serving.server"]
+CMD ["--host", "0.0.0.0", "--port", "8080", "--repository", "/mnt/models"]
