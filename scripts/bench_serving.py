@@ -188,6 +188,19 @@ def inprocess(repo: Path, batch: int, iters: int) -> dict[str, dict]:
     return out
 
 
+def served_path(url: str, model: str) -> str:
+    """The model's default version, or (none promoted: the server answers 409 without a version)
+    its newest version, named explicitly."""
+    from serving.client import Client
+
+    meta = Client(url).model_metadata(model)
+    if (meta.get("parameters") or {}).get("default_version") is None:
+        version = max(meta["versions"], key=int)
+        print(f"{model}: no promoted version; benchmarking version {version} explicitly", flush=True)
+        return f"/v2/models/{model}/versions/{version}"
+    return f"/v2/models/{model}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
@@ -198,42 +211,74 @@ def main() -> None:
     ap.add_argument("--client", choices=("aiohttp", "raw", "wrk"), default="aiohttp",
                     help="load generator: aiohttp; a minimal keep-alive HTTP/1.1 client; or wrk (both use less CPU)")
     ap.add_argument("--models", default="bahdanau.encoder,bahdanau", help="comma-separated rows to run")
+    ap.add_argument("--rounds", type=int, default=1, help="c1 and c32 measured in turn this many times (medians)")
+    ap.add_argument("--compare-args", default=None,
+                    help="start a second server with these options; both are measured in turn ([A] vs [B])")
     ap.add_argument("--server-args", default="", help="extra `attnzoo serve` options, e.g. '--batch-delay-ms 1'")
     args = ap.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "serving.server", "--repository", str(args.repository), "--port", str(port),
-               "--workers", str(args.workers), *args.server_args.split()]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
+    procs, urls = [], {}
+    configs = [("A", args.server_args)] + ([("B", args.compare_args)] if args.compare_args is not None else [])
+    if args.url is not None:
+        urls["A"] = args.url
+    else:
         from serving.client import Client
 
-        if not Client(url).wait_ready(30, alive=lambda: proc.poll() is None):
-            raise SystemExit(f"error: the server on {url} did not become ready in 30 s")
+        for label, extra in configs:  # both servers up at once: their runs alternate below
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            cmd = [sys.executable, "-m", "serving.server", "--repository", str(args.repository), "--port", str(port),
+                   "--workers", str(args.workers), *extra.split()]
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls[label] = f"http://127.0.0.1:{port}"
+            if not Client(urls[label]).wait_ready(60, alive=lambda: procs[-1].poll() is None):
+                raise SystemExit(f"error: the server on {urls[label]} did not become ready in 60 s")
     try:
-        rows = []
+        rows, ratio_lines = [], []
         generator = {"aiohttp": load, "raw": load_raw, "wrk": load_wrk}[args.client]
         for model, (what, body) in bodies(args.repository).items():
             if model not in args.models.split(","):
                 continue
             n = args.requests if model != "bahdanau" else max(100, args.requests // 10)
-            for conc in (1, 32):
-                r = asyncio.run(generator(f"{url}/v2/models/{model}/infer", body, n, conc))
-                rows.append(f"| `{model}` | {what} | {conc} | {r['rps']:.0f} | {r['p50_ms']:.1f} | "
-                            f"{r['p99_ms']:.1f} | {r['errors']} |")
-                print(rows[-1], flush=True)
+            paths = {label: served_path(url, model) for label, url in urls.items()}
+            runs = {(label, conc): [] for label in urls for conc in (1, 32)}
+            # c1 and c32 (and each server) in turn: a drift of the machine's speed hits them all
+            for _ in range(args.rounds):
+                for conc in (1, 32):
+                    for label, url in urls.items():
+                        r = asyncio.run(generator(f"{url}{paths[label]}/infer", body, n, conc))
+                        runs[label, conc].append(r)
+                        print(f"  [{label}] {model} c{conc}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
+                              f"p99 {r['p99_ms']:.1f} ms, {r['errors']} errors", flush=True)
+            for (label, conc), got in runs.items():
+                rps = sorted(r["rps"] for r in got)
+                med = got[[r["rps"] for r in got].index(rps[len(rps) // 2])]
+                spread = f" ({rps[0]:.0f}–{rps[-1]:.0f})" if len(rps) > 1 else ""
+                tag = f" [{label}]" if len(urls) > 1 else ""
+                rows.append(f"| `{model}`{tag} | {what} | {conc} | {med['rps']:.0f}{spread} | {med['p50_ms']:.1f} | "
+                            f"{med['p99_ms']:.1f} | {sum(r['errors'] for r in got)} |")
+
+            def ratio(a, b, runs=runs):
+                values = sorted(y["rps"] / x["rps"] for x, y in zip(runs[a], runs[b]))
+                return f"{', '.join(f'{v:.2f}' for v in values)} (median {values[len(values) // 2]:.2f}x)"
+
+            for label in urls:
+                ratio_lines.append(f"`{model}` [{label}]: c32 / c1 throughput, round by round: "
+                                   f"{ratio((label, 1), (label, 32))}")
+            if len(urls) > 1:
+                ratio_lines.append(f"`{model}`: [A] c32 / [B] c1, round by round: {ratio(('B', 1), ('A', 32))}; "
+                                   f"[A] c1 / [B] c1: {ratio(('B', 1), ('A', 1))}")
     finally:
-        if proc:
+        for proc in procs:
             proc.terminate()
             proc.wait(timeout=20)
+    for label, extra in configs:
+        print(f"[{label}] server options: {extra or '(defaults)'}")
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
-          f"server workers: {args.workers} {args.server_args}; load generator ({args.client}) on the same machine\n")
+          f"server workers: {args.workers}; load generator ({args.client}) on the same machine\n")
     print("| model | request | concurrency | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print("\n" + "\n".join(ratio_lines))
     if not args.skip_inprocess:
         print("\n| encoder graph, in-process | batch | rows/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
         for batch in (1, 32):

@@ -68,6 +68,11 @@ def deadline_scope(seconds: float):
         _local.deadline = previous
 
 
+def current_deadline() -> tuple[float, float] | None:
+    """(monotonic time, seconds) of this thread's request deadline, or None outside a request."""
+    return getattr(_local, "deadline", None)
+
+
 def check_deadline() -> None:
     """Raise :class:`DeadlineExceeded` when this thread's request is past its deadline."""
     deadline = getattr(_local, "deadline", None)

@@ -40,6 +40,9 @@ def greedy(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndar
     Returns: tokens [B,T] (EOS then pad), lengths [B] (tokens before EOS), attention [B,T,S'].
     """
     feeds = _encoder_feeds(src, src_len)
+    scheduler = getattr(step, "greedy", None)
+    if scheduler is not None:  # the server's continuous batching: the same loop, shared across requests
+        return scheduler(feeds, bos, eos, max_len, pad)
     enc = encoder(feeds)
     state = dict(enc)
     bsz = next(iter(feeds.values())).shape[0]

@@ -47,9 +47,10 @@ def default_version(metas: dict[int, dict]) -> tuple[int | None, str]:
 class Repository:
     """Every version of every model under ``root``, loaded once at start-up."""
 
-    def __init__(self, root: Path | str, provider: str = "auto", threads: int = 0, wrap=None):
-        """``wrap(model name, graph)``, when given, wraps each graph a decode loop calls (the
-        server's step batcher); the ``<model>.<graph>`` models always get the graph itself."""
+    def __init__(self, root: Path | str, provider: str = "auto", threads: int = 0, wrap=None,
+                 loop_threads: int | None = None):
+        """``wrap(model name, graphs) -> graphs``, when given, wraps the graphs a decode loop calls
+        (the server's step batching); the ``<model>.<graph>`` models always get the graphs themselves."""
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"no model repository at {self.root}: run `dvc repro` (publish) first")
@@ -61,7 +62,8 @@ class Repository:
             for version_dir in sorted((p for p in model_dir.iterdir() if p.is_dir() and VERSION_RE.match(p.name)),
                                       key=lambda p: int(p.name)):
                 try:
-                    self._load(model_dir.name, int(version_dir.name), version_dir, provider, threads, wrap)
+                    self._load(model_dir.name, int(version_dir.name), version_dir, provider, threads, wrap,
+                               loop_threads)
                 except Exception as err:  # one broken version must not take the others down
                     self.errors[f"{model_dir.name}/{version_dir.name}"] = f"{type(err).__name__}: {err}"
                     log.error("could not load %s version %s: %s", model_dir.name, version_dir.name, err)
@@ -70,8 +72,8 @@ class Repository:
         self.models.setdefault(model.name, {})[model.version] = model
         self.metas.setdefault(model.name, {})[model.version] = meta
 
-    def _load(self, name: str, version: int, folder: Path, provider: str, threads: int, wrap) -> None:
-        whole, graphs, meta = load_version(name, version, folder, provider, threads, wrap)
+    def _load(self, name: str, version: int, folder: Path, provider: str, threads: int, wrap, loop_threads) -> None:
+        whole, graphs, meta = load_version(name, version, folder, provider, threads, wrap, loop_threads)
         self.providers.update(g.provider for g in graphs.values())
         if whole is not None:
             self._add(whole, meta)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.admission import COMPUTE, check_deadline
+
 log = logging.getLogger("attnzoo.serving")
 
 
@@ -49,5 +51,7 @@ class OrtGraph:
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"{self.path}: missing inputs {missing}")
-        outs = self.session.run(None, {n: feeds[n] for n in self.input_names})
+        check_deadline()  # a request past its deadline stops at its next graph call (HTTP 504)
+        with COMPUTE:  # at most --infer-threads ONNX Runtime calls compete for the cores
+            outs = self.session.run(None, {n: feeds[n] for n in self.input_names})
         return dict(zip(self.output_names, outs))

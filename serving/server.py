@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from serving import __version__
 from serving.admission import COMPUTE, Admission, deadline_scope
 from serving.base import GraphModel, ServedModel
-from serving.batching import DynamicBatcher, StepBatcher
+from serving.batching import DynamicBatcher, GreedyScheduler, StepBatcher
 from serving.protocol import (
     HEADER_LENGTH,
     RequestError,
@@ -53,7 +53,10 @@ class ServeConfig:
     port: int = 8000
     workers: int = 1
     provider: str = "auto"  # auto | cpu | cuda
-    ort_threads: int = 0  # ONNX Runtime intra-op threads per session (0: its default)
+    ort_threads: int = 0  # ONNX Runtime intra-op threads per session of a one-graph model (0: its default)
+    # ... and of a looping model's graphs: many small calls, run concurrently by --infer-threads;
+    # ORT's spinning pool would compete with the loop (docs/benchmarks.md: 1 measured best on 2 cores)
+    loop_ort_threads: int = 1
     infer_threads: int = 2  # ONNX Runtime calls in flight at once per worker process
     max_batch: int = 64  # rows per dynamically batched call
     # The longest a request waits for companions. 0: batch only what queued up while the previous
@@ -197,12 +200,22 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     batch_rows = Histogram("attnzoo_batch_rows", "Rows per batched ONNX Runtime call (requests or decode steps)",
                            ["model"], registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
-    def step_batcher(model: str, graph):
-        return StepBatcher(graph, cfg.max_step_rows, cfg.step_delay_ms / 1000, batch_rows.labels(model).observe)
+    def step_batching(model: str, graphs: dict) -> dict:
+        """A looping model's graphs, shared across requests: greedy seq2seq decoding runs in one
+        continuously batched loop where the step graph allows it, every other loop's graph calls
+        are step-batched."""
+        observe = batch_rows.labels(model).observe
+        wrapped = {g: StepBatcher(graph, cfg.max_step_rows, cfg.step_delay_ms / 1000, observe)
+                   for g, graph in graphs.items()}
+        if {"encoder", "decoder_step"} <= graphs.keys() and GreedyScheduler.eligible(graphs["decoder_step"]):
+            wrapped["decoder_step"].greedy = GreedyScheduler(graphs["encoder"], graphs["decoder_step"],
+                                                             cfg.max_step_rows, observe)
+        return wrapped
 
     COMPUTE.resize(cfg.infer_threads)
     repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads,
-                                    wrap=step_batcher if cfg.step_batching else None)
+                                    wrap=step_batching if cfg.step_batching else None,
+                                    loop_threads=cfg.loop_ort_threads)
     log.info("serving %d model(s) from %s with %s", len(repo.models), cfg.repository,
              ", ".join(sorted(repo.providers)) or "no execution provider (empty repository)")
     for key, why in repo.errors.items():
@@ -411,7 +424,11 @@ def main(argv: list[str] | None = None) -> None:
     defaults = ServeConfig()
     ap = argparse.ArgumentParser(description="Serve the published models over the Open Inference Protocol.")
     for key, value in asdict(defaults).items():
-        ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value,
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):  # --step-batching / --no-step-batching (type=bool would take "False" as true)
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+            continue
+        ap.add_argument(flag, type=type(value), default=value,
                         choices=("auto", "cpu", "cuda") if key == "provider" else None)
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

@@ -166,3 +166,12 @@ def venv_env(tmp: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(tmp)
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def published(tmp_path_factory):
+    """A tiny model repository with every kind of served model (tests/serving_repo.py), built once
+    per session and shared by the serving test modules (none of them writes to it)."""
+    from tests.serving_repo import build_published
+
+    return build_published(tmp_path_factory.mktemp("publish"))

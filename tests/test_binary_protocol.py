@@ -36,7 +36,7 @@ from serving.protocol import (
     tensor_to_bytes,
 )
 from tests.conftest import tiny_batch
-from tests.test_serving import TEXTS, published, server  # noqa: F401  (module-scoped fixtures: a server of our own)
+from tests.test_serving import TEXTS, server  # noqa: F401  (module-scoped fixtures: a server of our own)
 
 
 def frame(header: dict, *chunks: bytes) -> tuple[bytes, str]:

@@ -21,104 +21,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import models
-from pipeline.export import export_onnx
 from pipeline.graphs import TorchGraph
-from pipeline.publish import serving_meta, write_version
 from pipeline.tasks.copy import CopyTask
 from serving.client import Client, ServerError
 from serving.decode import beam_search
 from serving.repository import Repository
 from tests.conftest import ROOT, TINY, tiny_batch
-
-GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
-          "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
-ENGLISH = ["Where is the station?", "I have no time.", "The weather is nice today.", "He comes tomorrow.",
-           "We are going home.", "She reads a book.", "The dog is sleeping.", "Can you help me?"]
-TEXTS = ["Wo ist der Hund?", "Ich habe heute keine Zeit.", "Das Buch ist schön."]
-
-
-def _tokenizer(path: Path, lines: list[str]) -> None:
-    import sentencepiece as spm
-
-    corpus = path.with_suffix(".txt")
-    corpus.write_text("\n".join(lines * 4) + "\n")
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(path.with_suffix("")), vocab_size=48,
-                                   model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1, eos_id=2,
-                                   unk_id=3, hard_vocab_limit=False, minloglevel=2)
-
-
-def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, artifacts: list[Path],
-             promoted: bool = True) -> dict:
-    onnx_dir = tmp / f"{name}-{len(list(tmp.iterdir()))}"
-    export_onnx(model, onnx_dir)
-    run = SimpleNamespace(task=task, evaluate={"beam": 3})
-    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
-    meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
-                                  {"arch": arch, "task": task, "parity_passed": True, "production": promoted},
-                                  artifacts)
-    assert created
-    return meta
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    """model_repository with bahdanau (v1) and ntm (v1, v2: different weights), tiny and seeded."""
-    tmp = tmp_path_factory.mktemp("publish")
-    repo, work = tmp / "model_repository", tmp / "work"
-    work.mkdir()
-    _tokenizer(work / "spm.de.model", GERMAN)
-    _tokenizer(work / "spm.en.model", ENGLISH)
-    import sentencepiece as spm
-
-    sizes = {s: spm.SentencePieceProcessor(model_file=str(work / f"spm.{s}.model")).get_piece_size()
-             for s in ("de", "en")}
-    torch.manual_seed(0)
-    seq = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
-    _publish(repo, "bahdanau", "bahdanau", "translation_de_en", seq, work,
-             [work / "spm.de.model", work / "spm.en.model"])
-    # The other seq2seq models run through the same server loop: Luong's carried LSTM state and
-    # input feeding (local-p), the Transformer's growing key/value cache (empty at the start).
-    seq2seq = {"bahdanau": seq}
-    for seed, (name, extra) in enumerate([("luong", {"score": "general", "attention": "local_p"}),
-                                          ("transformer", {})], start=10):
-        torch.manual_seed(seed)
-        seq2seq[name] = models.build(name, {**TINY[name], **extra, "src_vocab": sizes["de"],
-                                            "tgt_vocab": sizes["en"]}).eval()
-        _publish(repo, name, name, "translation_de_en", seq2seq[name], work,
-                 [work / "spm.de.model", work / "spm.en.model"])
-    ntms = []
-    for seed in (1, 2):
-        torch.manual_seed(seed)
-        ntms.append(models.build("ntm", TINY["ntm"]).eval())
-        _publish(repo, "ntm", "ntm", "copy", ntms[-1], work, [])
-    torch.manual_seed(3)
-    pointer = models.build("pointer_net", TINY["pointer_net"]).eval()
-    _publish(repo, "pointer", "pointer_net", "convex_hull", pointer, work, [])
-    torch.manual_seed(4)
-    act = models.build("act", TINY["act"]).eval()
-    _publish(repo, "act", "act", "parity", act, work, [])
-    torch.manual_seed(5)
-    programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
-    _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
-    torch.manual_seed(6)
-    captioner = models.build("show_attend_tell", TINY["show_attend_tell"]).eval()
-    _publish(repo, "captioner", "show_attend_tell", "mnist_captions", captioner, work, [])
-    torch.manual_seed(7)
-    ram = models.build("ram", TINY["ram"]).eval()
-    _publish(repo, "ram", "ram", "mnist_translated60", ram, work, [])
-    torch.manual_seed(8)
-    draw = models.build("draw", TINY["draw"]).eval()
-    _publish(repo, "draw", "draw", "mnist_binarized", draw, work, [])
-    torch.manual_seed(9)
-    ocr = models.build("attention_ocr", {**TINY["attention_ocr"], "annotation": "grid"}).eval()
-    _publish(repo, "ocr", "attention_ocr", "ocr_words", ocr, work, [])
-    torch.manual_seed(10)
-    speech = models.build("speech_attention", TINY["speech_attention"]).eval()
-    _publish(repo, "speech", "speech_attention", "spoken_digits", speech, work, [])
-    return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
-                           act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, ocr=ocr,
-                           speech=speech, work=work)
+from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ import torch
 import models
 from serving.client import Client
 from tests.conftest import ROOT, TINY, tiny_batch
-from tests.test_serving import TEXTS, _free_port, _metric, _publish, published, raw, server  # noqa: F401
+from tests.test_serving import TEXTS, _free_port, _metric, raw, server  # noqa: F401
 
 
 def start_server(repo: Path, *flags: str) -> SimpleNamespace:
@@ -85,17 +85,89 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_concurrent_decode_loops_share_steps_and_answer_as_alone(server):  # noqa: F811
+    """Over HTTP: every looping kind answers the same whether its requests come alone or all at
+    once (which calls end up shared depends on timing; the test below forces sharing)."""
     reqs = _requests()
     alone = [server.client.infer(n, f, parameters=p) for n, f, p in reqs]
-    before = _metric(server.url, 'attnzoo_batch_rows_count{model="bahdanau"}')
-    rows_before = _metric(server.url, 'attnzoo_batch_rows_sum{model="bahdanau"}')
     with ThreadPoolExecutor(len(reqs)) as pool:
         together = list(pool.map(lambda r: server.client.infer(r[0], r[1], parameters=r[2]), reqs))
     for a, b in zip(alone, together):
         _same(a, b)
-    calls = _metric(server.url, 'attnzoo_batch_rows_count{model="bahdanau"}') - before
-    rows = _metric(server.url, 'attnzoo_batch_rows_sum{model="bahdanau"}') - rows_before
-    assert calls > 0 and rows / calls > 1  # shared calls happened, with more than one row on average
+
+
+class Slow:
+    """A graph that takes ``seconds`` longer per call, so concurrent decode loops surely overlap."""
+
+    def __init__(self, graph, seconds: float):
+        self.graph, self.seconds = graph, seconds
+        self.session, self.provider, self.path = graph.session, graph.provider, graph.path
+        self.input_names, self.output_names = graph.input_names, graph.output_names
+
+    def __call__(self, feeds):
+        time.sleep(self.seconds)
+        return self.graph(feeds)
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "luong", "pointer", "transformer", "captioner"])
+def test_shared_steps_give_each_request_what_it_gets_alone(published, name):
+    """In process, with each graph call slowed down so that 6 concurrent requests overlap: greedy
+    decoding through the continuous batch (GreedyScheduler, where the step graph allows it) and
+    beam search through the step batcher return exactly what decoding each request alone returns
+    (tokens equal, attention to 1e-5), and the graph calls really were shared (rows per call > 1)."""
+    from serving.batching import GreedyScheduler, StepBatcher
+    from serving.decode import beam_search, greedy
+    from serving.runtime import OrtGraph
+
+    folder = published.repo / name / "1"
+    enc, step = (OrtGraph(folder / f"{g}.onnx", "cpu") for g in ("encoder", "decoder_step"))
+    meta = json.loads((folder / "metadata.json").read_text())["serving"]
+    rng = np.random.default_rng(1)
+    if name == "captioner":  # fixed-size images: nothing to pad
+        images = tiny_batch("show_attend_tell", seed=7, batch=6)["image"].numpy()
+        srcs = [{"image": images[i : i + 1]} for i in range(6)]
+        lens = [None] * 6
+        max_lens = [meta["max_len"]] * 6
+    elif name == "pointer":
+        srcs = [rng.random((1, n, 2), dtype=np.float32) for n in (3, 5, 4, 6, 5, 3)]
+        lens = [np.array([s.shape[1]]) for s in srcs]
+        max_lens = [s.shape[1] + 1 for s in srcs]
+    else:
+        srcs = [rng.integers(4, 40, (1, n)).astype(np.int64) for n in (3, 7, 5, 9, 4, 6)]
+        lens = [np.array([s.shape[1]]) for s in srcs]
+        max_lens = [meta["max_len"]] * len(srcs)
+    rows: list[int] = []
+    batched_enc = StepBatcher(Slow(enc, 0.01), on_batch=rows.append)
+    batched_step = StepBatcher(Slow(step, 0.01), on_batch=rows.append)
+    scheduled = GreedyScheduler.eligible(step)
+    assert scheduled == (name != "transformer")  # its key/value cache grows with each step
+    if scheduled:
+        batched_step.greedy = GreedyScheduler(enc, Slow(step, 0.01), on_batch=rows.append)
+    bos, eos, pad = meta["bos_id"], meta["eos_id"], meta["pad_id"]
+
+    def alone(i, mode):
+        if mode == "greedy":
+            return greedy(enc, step, srcs[i], lens[i], bos, eos, max_lens[i], pad)
+        return beam_search(enc, step, srcs[i], lens[i], bos, eos, max_lens[i], beam=3)
+
+    def shared(i, mode):
+        if mode == "greedy":
+            return greedy(batched_enc, batched_step, srcs[i], lens[i], bos, eos, max_lens[i], pad)
+        return beam_search(batched_enc, batched_step, srcs[i], lens[i], bos, eos, max_lens[i], beam=3)
+
+    for mode in ("greedy", "beam"):
+        rows.clear()
+        with ThreadPoolExecutor(len(srcs)) as pool:
+            together = list(pool.map(shared, range(len(srcs)), [mode] * len(srcs)))
+        for i, got in enumerate(together):
+            want = alone(i, mode)
+            assert np.array_equal(got["tokens"], want["tokens"]), (mode, i)
+            if mode == "greedy":
+                assert np.array_equal(got["lengths"], want["lengths"]), (mode, i)
+                n = int(want["lengths"][0]) + 1  # the emitted tokens and the EOS step
+                np.testing.assert_allclose(got["attention"][:, :n], want["attention"][:, :n], atol=1e-5)
+            else:
+                np.testing.assert_allclose(got["attention"], want["attention"], atol=1e-5)
+        assert rows and max(rows) > 3, (mode, rows)  # calls carried several requests' rows
 
 
 # ---- a small repository with limits, promoted and unpromoted versions ---------------------------------

@@ -53,17 +53,22 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def load_version(name: str, version: int, folder: Path, provider: str = "auto", threads: int = 0, wrap=None):
+def load_version(name: str, version: int, folder: Path, provider: str = "auto", threads: int = 0, wrap=None,
+                 loop_threads: int | None = None):
     """One published version folder -> (the whole model on raw input or None, its graphs, metadata).
 
-    ``wrap(name, graph)`` wraps the graphs of a model that loops over them (the server's step
-    batcher); the returned graphs are the plain ones."""
+    ``wrap(name, graphs) -> graphs`` wraps the graphs of a model that loops over them (the
+    server's step batching); the returned graphs are the plain ones. ``loop_threads`` (default:
+    ``threads``) are the ONNX Runtime intra-op threads of a model with several graphs, whose loops
+    make many small calls (ORT's spinning thread pool then only competes with the loop)."""
     from serving.admission import Limits
     from serving.base import GraphModel
     from serving.runtime import OrtGraph
 
     folder = Path(folder)
     meta = json.loads((folder / "metadata.json").read_text())
+    if len(meta["graphs"]) > 1 and loop_threads is not None:
+        threads = loop_threads
     graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
     limits = Limits.of(meta.get("serving", {}).get("limits"))  # versions published before limits: defaults
     kind = kind_of(meta.get("serving", {}), list(graphs))
@@ -74,5 +79,5 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
     if kind not in KINDS:
         raise ValueError(f"{folder}: serving kind {kind!r} is not known to this server (known: {sorted(KINDS)}); "
                          "upgrade the server")
-    looped = {g: wrap(name, graph) for g, graph in graphs.items()} if wrap and len(graphs) > 1 else graphs
+    looped = wrap(name, graphs) if wrap and len(graphs) > 1 else graphs
     return KINDS[kind](name, version, folder, meta, looped, limits), graphs, meta
