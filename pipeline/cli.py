@@ -15,6 +15,7 @@ import yaml
 
 STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
 SERVING = {"serve": "serving.server", "predict": "serving.client"}  # no torch behind these
+REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -45,11 +46,16 @@ def run_cli(fn: Callable[[], Any]) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES + list(SERVING):
-        print("usage: attnzoo {" + ",".join(STAGES + list(SERVING)) + "} ...\n"
+    commands = STAGES + list(SERVING) + list(REMOTE)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print("usage: attnzoo {" + ",".join(commands) + "} ...\n"
               "Each stage sub-command is one DVC stage; `serve` starts the inference server, `predict`\n"
-              "asks it; `attnzoo COMMAND --help` for options.")
+              "asks it; `push`/`pull` move DVC outputs to/from a remote; `attnzoo COMMAND --help` for options.")
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    if argv[0] in REMOTE:
+        from pipeline import remote
+
+        return getattr(remote, REMOTE[argv[0]])(argv[1:])
     module = SERVING.get(argv[0], f"pipeline.{argv[0]}")
     importlib.import_module(module).main(argv[1:])
 

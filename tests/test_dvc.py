@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,12 @@ def test_push_to_a_refusing_remote_fails_and_keeps_the_cache(tiny_repo, tmp_path
     message = proc.stdout + proc.stderr
     assert proc.returncode != 0, message
     assert "Not a directory" in message and str(remote) in message, message
+    # attnzoo push: the same failure as one sentence naming the remote and the fix, exit 2
+    proc = dvc([sys.executable, "-m", "pipeline.cli", "push", "-r", "broken"], repo, env, ok=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and "remote 'broken'" in errors[0] and str(remote) in errors[0], proc.stderr
+    assert "Not a directory" in errors[0] and "dvc remote modify broken url" in errors[0], errors
     # Every cached output in the lock file is still in the local cache, down to each file of a folder.
     cache = repo / ".dvc" / "cache" / "files" / "md5"
     for stage, path in (("prepare@copy", "data/prepared/copy"), ("train@ntm", "runs/ntm/checkpoint")):
