@@ -156,3 +156,26 @@ def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
     with pytest.raises(UserError, match="start it, or unset MLFLOW_TRACKING_URI"):
         publish(resolve("act", root=repo), root=repo)
     assert sorted(p.name for p in (repo / "model_repository" / "act").glob("*")) == versions
+
+
+def test_publish_refuses_graphs_whose_parity_failed(repo, server, monkeypatch):
+    """Nothing of a model whose ONNX graphs do not compute what PyTorch computes enters the
+    repository or the registry: one sentence, exit 2 from the CLI."""
+    from pipeline.config import resolve
+    from pipeline.publish import publish
+
+    parity = repo / "runs" / "act" / "parity.json"
+    kept = parity.read_text()
+    versions = sorted(p.name for p in (repo / "model_repository" / "act").glob("*"))
+    try:
+        parity.write_text(json.dumps({**json.loads(kept), "passed": False}))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server[0])
+        with pytest.raises(UserError, match="ONNX parity failed .* nothing was published"):
+            publish(resolve("act", root=repo), root=repo)
+        proc = stage(repo, server[0], "-m", "pipeline.publish", "act", timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert [line for line in proc.stderr.splitlines() if line.startswith("error:")][0].endswith(
+            "run `dvc repro export@act`"), proc.stderr
+    finally:
+        parity.write_text(kept)
+    assert sorted(p.name for p in (repo / "model_repository" / "act").glob("*")) == versions
