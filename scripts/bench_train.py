@@ -35,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+CEILING = "2 independent processes x 1 thread, half the batch each, no communication"
 SPLIT = {"train_size": 4000, "val_size": 64, "test_size": 8}  # enough batches for --steps at batch 64
 
 
@@ -56,7 +57,10 @@ def make_root(work: Path, model: str) -> Path:
 
 
 def budget(steps: int) -> dict:
-    return {"max_steps": steps, "eval_every": steps}  # one validation, at the end
+    out = {"max_steps": steps, "eval_every": steps}  # one validation, at the end
+    if os.environ.get("BENCH_BATCH"):
+        out["batch_size"] = int(os.environ["BENCH_BATCH"])  # the global batch (--batch)
+    return out
 
 
 def plain_loop(root: Path, model_name: str, steps: int) -> float:
@@ -117,7 +121,8 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{args.work / 'mlflow.db'}"
+    db = os.environ.get("BENCH_DB", "mlflow.db")  # runs at once ("apart") each get their own store
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{args.work / db}"
     out = args.work / f"out-{os.getpid()}"
     if args.mode == "plain":
         seconds = plain_loop(args.work, args.model, args.steps)
@@ -133,6 +138,19 @@ def measure(work: Path, model: str, mode: str, processes: int, threads: int, ste
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
     me = [str(Path(__file__).resolve()), "--child", mode, "--model", model, "--work", str(work), "--steps", str(steps)]
+    if mode == "apart":  # `processes` plain 1-process runs at once, each on its share of the batch
+        from pipeline.config import resolve
+
+        batch = resolve(model, root=work, use_tuned=False, overrides=budget(1)).train.batch_size
+        env["BENCH_BATCH"] = str(batch // processes)
+        me[me.index("apart")] = "shared"
+        procs = [subprocess.Popen([sys.executable, *me], env={**env, "BENCH_DB": f"mlflow-{i}.db"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(processes)]
+        outs = [p.communicate(timeout=1800) for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit(f"benchmark run failed: {outs}")
+        runs = [json.loads([line for line in o.splitlines() if line.startswith("{")][-1]) for o, _ in outs]
+        return {"seconds": max(r["seconds"] for r in runs)}
     if processes == 1:
         cmd = [sys.executable, *me]
     else:
@@ -155,22 +173,28 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15, help="optimizer steps of the short run (the long one: 3x)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-bench-train"))
+    ap.add_argument("--batch", type=int, default=None, help="global batch (default: the entry's batch_size)")
     ap.add_argument("--only", choices=["overhead", "scaling"], default=None)
     ap.add_argument("--child", dest="mode", choices=["plain", "shared"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode:
         return child(args)
+    if args.batch:
+        os.environ["BENCH_BATCH"] = str(args.batch)  # children inherit it
     args.work.mkdir(parents=True, exist_ok=True)
     make_root(args.work, args.model)
     from pipeline.config import resolve
 
-    batch = resolve(args.model, root=args.work, use_tuned=False).train.batch_size
+    batch = resolve(args.model, root=args.work, use_tuned=False, overrides=budget(1)).train.batch_size
     configs = [("shared loop, 1 process x 1 thread", "shared", 1, 1)]
     if args.only in (None, "overhead"):
         configs.insert(0, ("plain loop, 1 process x 1 thread", "plain", 1, 1))
     if args.only in (None, "scaling"):
         configs += [("shared loop, 1 process x 2 threads", "shared", 1, 2),
-                    ("shared loop, 2 processes x 1 thread", "shared", 2, 1)]
+                    ("shared loop, 2 processes x 1 thread", "shared", 2, 1),
+                    # The machine's own ceiling: the same two half-batch processes with nothing
+                    # shared (no all-reduce, no process group), run at once.
+                    (CEILING, "apart", 2, 1)]
     short, long = args.steps, 3 * args.steps
     step_s: dict[str, list[float]] = {c[0]: [] for c in configs}
     whole: dict[str, list[float]] = {c[0]: [] for c in configs}
@@ -196,7 +220,8 @@ def main() -> None:
               "(goal <= 1.05)")
     if "shared loop, 2 processes x 1 thread" in med:
         print(f"2 x 1 vs 1 x 1, samples/s: {one / med['shared loop, 2 processes x 1 thread']:.2f}x (goal >= 1.7x); "
-              f"1 x 2 vs 1 x 1: {one / med['shared loop, 1 process x 2 threads']:.2f}x")
+              f"1 x 2 vs 1 x 1: {one / med['shared loop, 1 process x 2 threads']:.2f}x; "
+              f"ceiling (2 independent half-batch processes) vs 1 x 1: {one / med[CEILING]:.2f}x")
 
 
 if __name__ == "__main__":
