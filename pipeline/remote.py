@@ -17,16 +17,21 @@ from pipeline.config import UserError
 
 
 def remote_url(name: str | None) -> tuple[str, str]:
-    """(remote name, URL) of ``name`` or of the default remote; UserError when there is none."""
-    listed = subprocess.run(["dvc", "remote", "list"], capture_output=True, text=True)
-    # "name<TAB>url" per line (DVC 3)
-    remotes = {parts[0]: parts[1] for parts in map(str.split, listed.stdout.splitlines()) if len(parts) >= 2}
+    """(remote name, URL) of ``name`` or of the default remote; UserError when there is none.
+
+    Read from DVC's merged configuration (``dvc remote list`` wraps long lines to the terminal)."""
+    from dvc.repo import Repo
+
+    try:
+        config = Repo(".").config
+    except Exception as err:  # noqa: BLE001 - not a DVC repository, unreadable config
+        raise UserError(f"no DVC repository here ({err}): run attnzoo from the repository root") from None
+    remotes = {k: v.get("url", "") for k, v in config.get("remote", {}).items()}
     if name is None:
-        default = subprocess.run(["dvc", "remote", "default"], capture_output=True, text=True).stdout.strip()
-        if not default:
+        name = config.get("core", {}).get("remote")
+        if not name:
             raise UserError("no default DVC remote: add one with `dvc remote add -d NAME URL` (docs/cluster.md), "
                             "or name one with -r")
-        name = default
     if name not in remotes:
         raise UserError(f"no DVC remote named '{name}' (known: {sorted(remotes) or 'none'}): "
                         "add it with `dvc remote add NAME URL`")
@@ -42,16 +47,24 @@ def reason(output: str) -> str:
 
 def transfer(command: str, remote: str | None, targets: list[str]) -> None:
     name, url = remote_url(remote)
-    proc = subprocess.run(["dvc", command, "-r", name, *targets], stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if not line.startswith("ERROR:")))
+    # DVC's output is passed on as it comes (its ERROR lines, which may go to either stream, are
+    # kept for the one sentence below)
+    proc = subprocess.Popen(["dvc", command, "-r", name, *targets], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    errors = []
+    for line in proc.stdout:
+        if line.startswith("ERROR:"):
+            errors.append(line)
+        else:
+            sys.stderr.write(line)
+    if proc.wait() != 0:
         where = "to" if command == "push" else "from"
         fix = ("check that it exists and this machine may write there, or point the remote elsewhere with "
                f"`dvc remote modify {name} url NEW_URL`, then run `attnzoo {command}` again; the local cache is "
                "untouched" if command == "push" else
                f"check that it exists and this machine may read it (`dvc remote modify {name} url ...`), then "
                f"run `attnzoo {command}` again")
-        raise UserError(f"DVC could not {command} {where} remote '{name}' at {url} ({reason(proc.stderr)}): {fix}")
+        raise UserError(f"DVC could not {command} {where} remote '{name}' at {url} ({reason(''.join(errors))}): {fix}")
 
 
 def main(argv: list[str] | None = None, command: str = "push") -> None:
