@@ -341,12 +341,12 @@ class GreedyScheduler:
 
     def __call__(self, feeds: dict[str, np.ndarray], bos: int, eos: int, max_len: int, pad: int) -> dict:
         check_deadline()
-        job = _Job(feeds, bos, eos, max_len, pad)
         with self.cond:
             alone = not self.queue and not self.active and not self.lone
             if alone:
                 self.lone = True
-            else:
+            else:  # made here, in the request's thread: the job keeps that thread's deadline
+                job = _Job(feeds, bos, eos, max_len, pad)
                 self.queue.append(job)
                 self.cond.notify()
         if alone:  # nothing to share with: the plain loop in this thread, without a hand-over
