@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -149,7 +150,10 @@ def test_shared_steps_give_each_request_what_it_gets_alone(published, name):
             return greedy(enc, step, srcs[i], lens[i], bos, eos, max_lens[i], pad)
         return beam_search(enc, step, srcs[i], lens[i], bos, eos, max_lens[i], beam=3)
 
+    start = threading.Barrier(len(srcs))
+
     def shared(i, mode):
+        start.wait()  # every request submits at once: the overlap does not hang on thread start-up
         if mode == "greedy":
             return greedy(batched_enc, batched_step, srcs[i], lens[i], bos, eos, max_lens[i], pad)
         return beam_search(batched_enc, batched_step, srcs[i], lens[i], bos, eos, max_lens[i], beam=3)
