@@ -10,7 +10,7 @@ repro: setup         ## the whole pipeline on the default params
 	dvc repro
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
-	python -m pytest -q; status=$$?; \
+	python -m pytest -q --durations=25; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$status
 
 lint: setup

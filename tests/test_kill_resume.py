@@ -10,12 +10,14 @@ order).
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -57,6 +59,13 @@ def run(cmd: list[str], env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
+def pause_tree(pid: int, sig: int) -> None:
+    """SIGSTOP or SIGCONT a process and its descendants (torchrun's workers have sessions of their own)."""
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        proc.send_signal(sig)
+
+
 def saved_state(out: Path) -> dict | None:
     trainer = out / "checkpoint" / "last" / "trainer.pt"
     try:
@@ -76,16 +85,24 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
     proc = subprocess.Popen(command(root, killed, processes), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
+    at_kill = None
     while time.monotonic() < deadline and proc.poll() is None:
         state = saved_state(killed)
-        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS - 40:
-            break
+        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS - 40 and state["step"] % STEPS_PER_EPOCH:
+            time.sleep(0.15)  # half a checkpoint interval on: the kill lands between two checkpoints
+            # Freeze the whole job, then look: a fast machine may have reached the epoch's end (and
+            # its checkpoint) meanwhile, and the kill must follow a mid-epoch checkpoint.
+            pause_tree(proc.pid, signal.SIGSTOP)
+            state = saved_state(killed)
+            if state and state["step"] % STEPS_PER_EPOCH and state["step"] < STEPS_PER_EPOCH * EPOCHS:
+                at_kill = state
+                break
+            pause_tree(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
-    time.sleep(0.15)  # half a checkpoint interval on: the kill lands between two checkpoints
-    assert proc.poll() is None, "training ended before it could be killed"
+    assert at_kill is not None and proc.poll() is None, "training ended before it could be killed"
     kill_tree(proc.pid)  # the whole job, torchrun and its workers alike
     proc.wait()
-    at_kill = saved_state(killed)
+    assert saved_state(killed)["step"] == at_kill["step"]  # nothing was written after the freeze
     assert at_kill["step"] % STEPS_PER_EPOCH != 0, at_kill  # mid-epoch: the data position matters
     assert at_kill["mlflow_run_id"]
 
