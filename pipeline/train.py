@@ -206,13 +206,24 @@ def gather_rng(accelerator) -> list[dict]:
     return out
 
 
-def agree(accelerator, *flags: bool) -> list[bool]:
-    """Each flag OR-ed over all processes, so every rank takes the same branch (stop on a
-    non-finite loss, save a checkpoint) and none is left waiting in a collective."""
+# Steps between the ranks' agreements (below). Each agreement is a collective of its own, and a
+# per-step one cost ~5 ms of a ~170 ms step on 2 CPU processes (docs/benchmarks.md); a non-finite
+# loss now stops every rank at most this many steps late, and a wall-clock checkpoint comes that
+# many steps after it is due. Validation steps and the last step always agree.
+AGREE_EVERY = 10
+
+
+def agree(accelerator, bad_step: int, due: bool) -> tuple[int, bool]:
+    """Over all processes: the first step at which any rank saw a non-finite loss (0: none), and
+    whether any rank's checkpoint is due, so every rank takes the same branch (stop, save) and none
+    is left waiting in a collective."""
     if accelerator.num_processes == 1:
-        return list(flags)
-    t = torch.tensor([float(f) for f in flags], device=accelerator.device)
-    return [bool(v) for v in accelerator.reduce(t, "sum").tolist()]
+        return bad_step, due
+    # MAX of -step is -(the earliest bad step); ranks without one send -inf
+    t = torch.tensor([-bad_step if bad_step else -math.inf, float(due)], device=accelerator.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    first, due = t.tolist()
+    return (0 if first == -math.inf else int(-first)), bool(due)
 
 
 def train(
@@ -290,6 +301,7 @@ def train(
                    desc=f"train {run.name}", mininterval=2, dynamic_ncols=True)
         last_val: dict[str, float] = {}
         last_save = time.monotonic()
+        bad_step = 0  # the step of this rank's first non-finite loss, until the ranks next agree
         while state["step"] < total:
             epoch, position = divmod(state["step"], steps_per_epoch)
             batches = shard(bucket_batches(lengths, cfg.batch_size, cfg.seed + epoch, True), rank, world)
@@ -305,13 +317,17 @@ def train(
                 saved_rng = None
             for batch in iterator:
                 loss, logs = wrapped(send_to_device(batch, accelerator.device))
-                due = time.monotonic() - last_save >= every
-                bad, due = agree(accelerator, not torch.isfinite(loss).item(), due)
-                if bad:  # every rank stops here, before a collective the others would never join
-                    where = f" on one or more of {world} processes" if world > 1 else ""
-                    raise NonFiniteLoss(
-                        f"{run.name}: loss became non-finite (nan or inf) at step {state['step'] + 1}{where}; "
-                        f"lower lr or grad_clip (--set lr=... grad_clip=...) and re-run")
+                step = state["step"] + 1  # the step being taken
+                if not bad_step and not torch.isfinite(loss).item():
+                    bad_step = step
+                due = False
+                if world == 1 or step % AGREE_EVERY == 0 or step % eval_every == 0 or step >= total:
+                    bad_step, due = agree(accelerator, bad_step, time.monotonic() - last_save >= every)
+                    if bad_step:  # every rank stops here, before a collective the others would never join
+                        where = f" on one or more of {world} processes" if world > 1 else ""
+                        raise NonFiniteLoss(
+                            f"{run.name}: loss became non-finite (nan or inf) at step {bad_step}{where}; "
+                            f"lower lr or grad_clip (--set lr=... grad_clip=...) and re-run")
                 optimizer.zero_grad(set_to_none=True)
                 accelerator.backward(loss)
                 if cfg.grad_clip:

@@ -88,8 +88,8 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
     at_kill = None
     while time.monotonic() < deadline and proc.poll() is None:
         state = saved_state(killed)
-        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS - 40 and state["step"] % STEPS_PER_EPOCH:
-            time.sleep(0.15)  # half a checkpoint interval on: the kill lands between two checkpoints
+        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS and state["step"] % STEPS_PER_EPOCH:
+            time.sleep(0.05)  # some steps on: the kill lands between two checkpoints
             # Freeze the whole job, then look: a fast machine may have reached the epoch's end (and
             # its checkpoint) meanwhile, and the kill must follow a mid-epoch checkpoint.
             pause_tree(proc.pid, signal.SIGSTOP)
@@ -98,7 +98,7 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
                 at_kill = state
                 break
             pause_tree(proc.pid, signal.SIGCONT)
-        time.sleep(0.02)
+        time.sleep(0.005)
     assert at_kill is not None and proc.poll() is None, "training ended before it could be killed"
     kill_tree(proc.pid)  # the whole job, torchrun and its workers alike
     proc.wait()
