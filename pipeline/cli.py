@@ -1,14 +1,22 @@
-"""``attnzoo`` command line: one sub-command per stage, plus helpers shared by stage mains.
+"""``attnzoo`` command line: one sub-command per stage, plus serving, remotes and ``list``.
 
-Errors a user can fix (missing package, unknown model or key, corrupt checkpoint, failed parity)
-end with one clear sentence and exit code 2 — never a bare traceback.
+Errors a user can fix (missing package, unknown model or key, a ``--set`` value of the wrong type,
+corrupt checkpoint, failed parity) end with one clear sentence and exit code 2 — never a bare
+traceback. Each sub-command owns its argument parser (``attnzoo COMMAND --help``); this module only
+dispatches, so ``serve`` and ``predict`` never import torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
+import os
 import sys
+import types
+import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -16,6 +24,27 @@ import yaml
 STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
 SERVING = {"serve": "serving.server", "predict": "serving.client"}  # no torch behind these
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
+DESCRIPTIONS = {
+    "prepare": "prepare one task's data (the DVC stage prepare@TASK)",
+    "tune": "search hyper-parameters of a model entry with Ray Tune (tune@MODEL)",
+    "train": "train a model entry with Accelerate, 1 process or many (train@MODEL)",
+    "evaluate": "score a trained model on its task's test set (evaluate@MODEL)",
+    "export": "export a trained model to ONNX and check parity with PyTorch (export@MODEL)",
+    "publish": "publish an exported model as a versioned, servable artifact (publish@MODEL)",
+    "report": "write a task's comparison table and plots (report@TASK)",
+    "list": "list the model entries: task, bar status, published versions",
+    "serve": "serve the published models over the Open Inference Protocol (KServe v2)",
+    "predict": "ask a running server for a prediction",
+    "push": "dvc push, ending with one clear sentence when the remote refuses",
+    "pull": "dvc pull, ending with one clear sentence when the remote refuses",
+}
+
+
+def version() -> str:
+    """The package's version (pyproject.toml is its one source; see ``serving.__version__``)."""
+    from serving import __version__
+
+    return __version__
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -23,10 +52,65 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"error: override '{item}' is not KEY=VALUE")
+            raise SystemExit(f"error: override '{item}' is not KEY=VALUE (e.g. --set lr=0.001)")
         key, value = item.split("=", 1)
         out[key] = yaml.safe_load(value)
     return out
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    """Whether ``value`` (as YAML read it) fits the type hint of a config field."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(h, value) for h in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    return "none" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def check_override_types(name: str, overrides: dict[str, Any], root: Path | None = None) -> None:
+    """Each ``--set`` value of model entry ``name`` against the type of the config field it sets
+    (TrainConfig, or the model's config dataclass), so ``--set lr=abc`` fails here in one sentence
+    instead of deep in training. Unknown entries and keys are left to
+    :func:`pipeline.config.resolve`, which lists the valid ones."""
+    import models
+    from pipeline.config import ROOT, TrainConfig, UserError, _split_overrides, load_params
+
+    arch = load_params(Path(root or ROOT)).get("models", {}).get(name, {}).get("arch")
+    train, model = _split_overrides(overrides)
+    for cls, values in ((TrainConfig, train), (models.REGISTRY[arch].config_cls if arch in models.REGISTRY else None,
+                                                model)):
+        if cls is None:
+            continue
+        hints = typing.get_type_hints(cls)
+        for key, value in values.items():
+            if key in hints and not _accepts(hints[key], value):
+                default = next((f.default for f in dataclasses.fields(cls) if f.name == key), None)
+                example = f" (e.g. {key}={default})" if default is not dataclasses.MISSING else ""
+                raise UserError(f"--set {key}={value!r}: {key} takes {_type_name(hints[key])}{example}")
 
 
 def run_cli(fn: Callable[[], Any]) -> Any:
@@ -44,19 +128,89 @@ def run_cli(fn: Callable[[], Any]) -> Any:
         raise SystemExit(130) from None
 
 
+def entries(root: Path | None = None) -> list[dict[str, Any]]:
+    """Every params.yaml entry with its task, recorded bar status and published versions."""
+    import json
+
+    from pipeline.config import ROOT, load_params
+
+    root = Path(root or ROOT)
+    rows = []
+    for name, entry in load_params(root).get("models", {}).items():
+        result = root / "results" / entry["task"] / f"{name}.json"
+        passed = json.loads(result.read_text()).get("bar_passed", "?") if result.exists() else "?"
+        if not entry.get("bar"):
+            passed = None  # a baseline, e.g. an ablation without attention
+        folder = root / "model_repository" / name
+        versions = sorted((int(v.name) for v in folder.iterdir() if v.name.isdigit()), reverse=True) \
+            if folder.is_dir() else []
+        rows.append({"name": name, "arch": entry["arch"], "task": entry["task"],
+                     "bar": {True: "met", False: "not met", None: "no bar", "?": "not evaluated"}[passed],
+                     "published": versions})
+    return rows
+
+
+def list_main(argv: list[str]) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="attnzoo list", description=DESCRIPTIONS["list"])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    args = ap.parse_args(argv)
+    rows = run_cli(entries)
+    try:
+        _print_rows(rows, args.json)
+    except BrokenPipeError:  # `attnzoo list | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout again at exit
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    import json
+
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    widths = [max(len(h), *(len(str(r[k])) for r in rows)) for h, k in
+              (("model", "name"), ("arch", "arch"), ("task", "task"), ("bar", "bar"))]
+    print("  ".join(h.ljust(w) for h, w in zip(("model", "arch", "task", "bar"), widths)) + "  published versions")
+    for r in rows:
+        cells = [r["name"], r["arch"], r["task"], r["bar"]]
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  "
+              + (", ".join(map(str, r["published"])) or "-"))
+
+
+def usage() -> str:
+    width = max(map(len, DESCRIPTIONS))
+    lines = ["usage: attnzoo [--version] [-h] COMMAND ...", "",
+             "Train, export, check and serve classic attention models (`dvc repro` runs the stages).", "",
+             "commands:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in DESCRIPTIONS.items()]
+    lines += ["", "`attnzoo COMMAND --help` shows a command's options."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = STAGES + list(SERVING) + list(REMOTE)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: attnzoo {" + ",".join(commands) + "} ...\n"
-              "Each stage sub-command is one DVC stage; `serve` starts the inference server, `predict`\n"
-              "asks it; `push`/`pull` move DVC outputs to/from a remote; `attnzoo COMMAND --help` for options.")
-        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    if argv[0] in REMOTE:
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"attnzoo {version()}")
+        return
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        raise SystemExit(0 if argv else 2)
+    command = argv[0]
+    if command not in DESCRIPTIONS:
+        near = difflib.get_close_matches(command, DESCRIPTIONS, n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else ""
+        print(f"error: unknown command '{command}'{hint} (`attnzoo --help` lists them)", file=sys.stderr)
+        raise SystemExit(2)
+    if command == "list":
+        return list_main(argv[1:])
+    if command in REMOTE:
         from pipeline import remote
 
-        return getattr(remote, REMOTE[argv[0]])(argv[1:])
-    module = SERVING.get(argv[0], f"pipeline.{argv[0]}")
+        return getattr(remote, REMOTE[command])(argv[1:])
+    sys.argv[0] = f"attnzoo {command}"  # argparse's prog in each command's usage and errors
+    module = SERVING.get(command, f"pipeline.{command}")
     importlib.import_module(module).main(argv[1:])
 
 

@@ -1,4 +1,4 @@
-"""The one place configuration is merged (DESIGN §4).
+"""The one place configuration is merged (docs/architecture.md §4).
 
 Priority, lowest first: model dataclass defaults → facts from the prepared task
 (``manifest.json`` ``model_defaults``, e.g. vocabulary sizes) → ``params.yaml`` ``train`` →

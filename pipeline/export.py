@@ -1,4 +1,4 @@
-"""Stage ``export@<model>``: ONNX graphs + the blocking parity gate (DESIGN §5).
+"""Stage ``export@<model>``: ONNX graphs + the blocking parity gate (docs/architecture.md §5).
 
 For each graph named by ``model.export_graphs()`` we write ``onnx/<graph>.onnx`` and check
 onnxruntime against PyTorch

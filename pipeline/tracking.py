@@ -7,7 +7,7 @@ Two modes:
   go (``mlflow-artifacts:`` proxied through it, e.g. ``mlflow server --serve-artifacts``), so they
   reach its store rather than this machine's disk.
 
-Only the main process of a distributed job ever talks to MLflow (DESIGN §1).
+Only the main process of a distributed job ever talks to MLflow (docs/architecture.md §1).
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ def launch_command(launcher: str, argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pipeline.cli import parse_overrides, run_cli
+    from pipeline.cli import check_override_types, parse_overrides, run_cli
 
     ap = argparse.ArgumentParser(
         description="Train one model entry of params.yaml.",
@@ -406,7 +406,13 @@ def main(argv: list[str] | None = None) -> None:
                   f"(install it, or unset {LAUNCHER_ENV} to train in this process)", file=sys.stderr)
             raise SystemExit(2) from None
         raise SystemExit(code)
-    run_cli(lambda: train(resolve(args.model, overrides=parse_overrides(args.set)), args.out))
+    overrides = parse_overrides(args.set)
+
+    def body():
+        check_override_types(args.model, overrides)
+        return train(resolve(args.model, overrides=overrides), args.out)
+
+    run_cli(body)
 
 
 if __name__ == "__main__":

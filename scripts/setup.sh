@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-# Data sources (../DATA.md): translation pairs, the OCR word list and fonts, the speech synthesiser.
+# Data sources (the README's model table; docs/architecture.md §1): translation pairs, the OCR word list and fonts, the speech synthesiser.
 DEBIAN_PACKAGES="dict-de-en wamerican fonts-dejavu-core fonts-liberation fonts-dkg-handwriting espeak-ng"
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

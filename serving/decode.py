@@ -1,4 +1,4 @@
-"""Decoding loops over exported step graphs, in numpy (DESIGN §3: the server runs the loop).
+"""Decoding loops over exported step graphs, in numpy (docs/architecture.md §3: the server runs the loop).
 
 A *graph* here is any callable ``feeds -> outputs`` over named numpy arrays: an onnxruntime
 session (serving, parity) or a PyTorch module behind the same names (evaluation), so one loop

@@ -59,3 +59,72 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path):
 def test_usage_without_stage():
     proc = cli()
     assert proc.returncode == 2 and "usage: attnzoo" in proc.stdout
+
+
+def test_help_lists_every_command_with_a_description_and_version_is_pyprojects():
+    import tomllib
+
+    from pipeline.cli import DESCRIPTIONS
+
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for name, text in DESCRIPTIONS.items():
+        assert f"  {name}" in proc.stdout and text in proc.stdout, name
+    want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert cli("--version").stdout.strip() == f"attnzoo {want}"
+
+
+def test_unknown_command_suggests_the_nearest_and_sub_help_names_the_command():
+    proc = cli("trian", "ntm")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown command 'trian'; did you mean 'train'? (`attnzoo --help` lists them)"
+    proc = cli("train", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: attnzoo train ")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("lr=abc", "--set lr='abc': lr takes float (e.g. lr=0.001)"),
+    ("epochs=2.5", "--set epochs=2.5: epochs takes int (e.g. epochs=10)"),
+    ("train.seed=yes", "--set seed=True: seed takes int (e.g. seed=0)"),
+])
+def test_set_values_are_checked_against_the_config_types(setting, message):
+    proc = cli("train", "ntm", "--set", setting)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {message}"
+
+
+def test_set_values_of_the_model_config_are_checked_too():
+    from pipeline.cli import check_override_types
+
+    check_override_types("ntm", {"lr": 3, "memory_size": 16, "epochs": 1})  # ints fit float fields
+    with pytest.raises(UserError, match="memory_size takes int"):
+        check_override_types("ntm", {"memory_size": "big"})
+
+
+def test_list_shows_entries_bar_status_and_published_versions(tmp_path):
+    import json
+
+    import yaml
+
+    from pipeline.cli import entries
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"models": {
+        "a": {"arch": "ntm", "task": "copy", "bar": [{"metric": "acc", "op": ">=", "value": 1}]},
+        "b": {"arch": "act", "task": "parity", "bar": [{"metric": "acc", "op": ">=", "value": 1}]},
+        "c": {"arch": "act", "task": "parity", "bar": [{"metric": "acc", "op": ">=", "value": 1}]},
+        "d": {"arch": "act", "task": "parity", "bar": []}}}))
+    (tmp_path / "results" / "copy").mkdir(parents=True)
+    (tmp_path / "results" / "copy" / "a.json").write_text(json.dumps({"bar_passed": True}))
+    (tmp_path / "results" / "parity").mkdir(parents=True)
+    (tmp_path / "results" / "parity" / "b.json").write_text(json.dumps({"bar_passed": False}))
+    for v in ("1", "2", "10", "tmp"):
+        (tmp_path / "model_repository" / "a" / v).mkdir(parents=True)
+    rows = {r["name"]: r for r in entries(tmp_path)}
+    assert rows["a"] == {"name": "a", "arch": "ntm", "task": "copy", "bar": "met", "published": [10, 2, 1]}
+    assert rows["d"]["bar"] == "no bar"
+    assert (rows["b"]["bar"], rows["b"]["published"]) == ("not met", [])
+    assert rows["c"]["bar"] == "not evaluated"
+    proc = cli("list", "--json")
+    assert proc.returncode == 0
+    names = [json.loads(line)["name"] for line in proc.stdout.splitlines()]
+    assert names == list(yaml.safe_load((ROOT / "params.yaml").read_text())["models"])
