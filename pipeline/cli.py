@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
-SERVING = {"serve": "serving.server", "predict": "serving.client"}  # no torch behind these
+# no torch behind these; "module:function" when the command is not the module's main()
+SERVING = {"serve": "serving.server", "predict": "serving.client", "translate": "serving.client:translate_main"}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 DESCRIPTIONS = {
     "prepare": "prepare one task's data (the DVC stage prepare@TASK)",
@@ -34,7 +35,8 @@ DESCRIPTIONS = {
     "report": "write a task's comparison table and plots (report@TASK)",
     "list": "list the model entries: task, bar status, published versions",
     "serve": "serve the published models over the Open Inference Protocol (KServe v2)",
-    "predict": "ask a running server for a prediction",
+    "predict": "ask a running server for a prediction (--local: run the published model here)",
+    "translate": "translate a text file line by line with a published translation model",
     "push": "dvc push, ending with one clear sentence when the remote refuses",
     "pull": "dvc pull, ending with one clear sentence when the remote refuses",
 }
@@ -210,8 +212,8 @@ def main(argv: list[str] | None = None) -> None:
 
         return getattr(remote, REMOTE[command])(argv[1:])
     sys.argv[0] = f"attnzoo {command}"  # argparse's prog in each command's usage and errors
-    module = SERVING.get(command, f"pipeline.{command}")
-    importlib.import_module(module).main(argv[1:])
+    module, _, function = SERVING.get(command, f"pipeline.{command}").partition(":")
+    getattr(importlib.import_module(module), function or "main")(argv[1:])
 
 
 if __name__ == "__main__":

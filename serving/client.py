@@ -30,6 +30,14 @@ class ServerError(RuntimeError):
         self.status = status
 
 
+class LocalError(ServerError):
+    """What the server would answer with HTTP ``status``, raised in process (no HTTP involved)."""
+
+    def __init__(self, status: int, message: str):
+        RuntimeError.__init__(self, message)
+        self.status = status
+
+
 class Client:
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 60.0):
         self.url, self.timeout = url.rstrip("/"), timeout
@@ -127,6 +135,84 @@ class Client:
         return results
 
 
+class LocalClient(Client):
+    """The same calls as :class:`Client`, answered in this process from a model repository folder
+    (``attnzoo predict --local``): the published ONNX graphs and the server's own decoding loops,
+    request checks and limits, with no server. Loads a model's versions on first use."""
+
+    def __init__(self, root: Path | str = "model_repository", provider: str = "cpu", threads: int = 0):
+        self.root, self.provider, self.threads = Path(root), provider, threads
+        self.loaded: dict[tuple[str, int], Any] = {}
+
+    def _versions(self, name: str) -> dict[int, dict]:
+        from serving.repository import NAME_RE, VERSION_RE
+
+        folder = self.root / name
+        if not NAME_RE.match(name) or not folder.is_dir():
+            known = sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+            where = f"; {self.root} holds: {', '.join(known)}" if known else \
+                f"; {self.root} holds no models (run `dvc repro` to publish, or pass --repository DIR)"
+            raise LocalError(404, f"unknown model '{name}'{where}")
+        return {int(v.name): json.loads((v / "metadata.json").read_text())
+                for v in folder.iterdir() if VERSION_RE.match(v.name) and (v / "metadata.json").exists()}
+
+    def _model(self, name: str, version: str | int | None):  # type: ignore[override]
+        from serving.kinds import load_version
+        from serving.repository import VERSION_RE, default_version
+
+        metas = self._versions(name)
+        if not metas:
+            raise LocalError(404, f"model '{name}' has no published version in {self.root / name}")
+        if version is None:
+            chosen, why = default_version(metas)
+            if chosen is None:
+                raise LocalError(409, f"model '{name}': {why.format(name=name, version=max(metas))}")
+        elif VERSION_RE.match(str(version)) and int(version) in metas:
+            chosen = int(version)
+        else:
+            raise LocalError(404, f"model '{name}' has no version '{version}'; versions: {sorted(metas)}")
+        key = (name, chosen)
+        if key not in self.loaded:
+            whole, _, _ = load_version(name, chosen, self.root / name / str(chosen), self.provider, self.threads)
+            if whole is None:
+                raise LocalError(404, f"model '{name}' version {chosen} has no serving loop in its metadata "
+                                       "(published before serving existed): re-run publish")
+            self.loaded[key] = (whole, sorted(metas))
+        return self.loaded[key]
+
+    def model_metadata(self, name: str, version: str | int | None = None) -> dict:
+        model, versions = self._model(name, version)
+        return model.metadata(versions)
+
+    def infer(self, name: str, inputs: dict[str, Any], version: str | int | None = None,
+              outputs: list[str] | None = None, parameters: dict | None = None,
+              request_id: str | None = None, binary: bool = False) -> dict[str, np.ndarray]:
+        from serving.protocol import RequestError, parse_request
+
+        model, _ = self._model(name, version)
+        tensors = {n: as_tensor(v) for n, v in inputs.items()}
+        body: dict[str, Any] = {"inputs": [encode(n, *t) for n, t in tensors.items()]}
+        if outputs:
+            body["outputs"] = [{"name": n} for n in outputs]
+        if parameters:
+            body["parameters"] = parameters
+        try:  # the server's own request checks, so a local answer is the server's answer
+            feeds, wanted, params = parse_request(body, model.inputs, model.outputs)
+            model.check_limits(feeds, params)
+            outs = model.infer(feeds, params)
+        except RequestError as err:
+            raise LocalError(err.status, str(err)) from None
+        return {n: _as_client_array(outs[n][0]) for n in wanted}
+
+
+def _as_client_array(array: np.ndarray) -> np.ndarray:
+    """What :func:`decode` gives for the same tensor over HTTP: BYTES as ``str`` objects."""
+    if array.dtype == object:
+        flat = [v.decode() if isinstance(v, bytes) else str(v) for v in array.ravel()]
+        return np.array(flat, dtype=object).reshape(array.shape)
+    return array
+
+
 def as_tensor(value: Any) -> tuple[np.ndarray, str]:
     """A value -> (array, v2 datatype): text is BYTES; float64 goes as FP32, which the graphs take."""
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
@@ -154,16 +240,22 @@ def decode(output: dict) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Ask a running attnzoo server for a prediction.")
-    ap.add_argument("model")
-    ap.add_argument("input", help="text for a text model; otherwise JSON ({input name: nested list}) "
-                                  "or a path to a .json file holding it")
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
-    ap.add_argument("--version", default=None)
+    ap = argparse.ArgumentParser(description="Ask a running attnzoo server for a prediction (or, with --local, "
+                                             "run the published model in this process).")
+    ap.add_argument("model", help="a published model name, e.g. bahdanau")
+    ap.add_argument("input", help="text for a text model; an image, .wav or .npy file for an image or speech "
+                                  "model; otherwise JSON ({input name: nested list}) or a .json file holding it")
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    ap.add_argument("--local", action="store_true",
+                    help="no server: load the model from --repository and answer in this process")
+    ap.add_argument("--repository", type=Path, default=Path("model_repository"),
+                    help="with --local: the model repository folder (default %(default)s)")
+    ap.add_argument("--version", default=None, help="a published version (default: the server's default, "
+                                                    "the newest promoted one)")
     ap.add_argument("--decode", choices=("beam", "greedy"), default="beam", help="text models: search")
     ap.add_argument("--attention", action="store_true", help="also print the attention weights")
     args = ap.parse_args(argv)
-    client = Client(args.url)
+    client = LocalClient(args.repository) if args.local else Client(args.url)
     try:
         meta = client.model_metadata(args.model, args.version)
         if [i["datatype"] for i in meta["inputs"]] == ["BYTES"] and meta["inputs"][0]["name"] == "text":
@@ -287,3 +379,49 @@ def print_alignment(res: dict) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def translate_main(argv: list[str] | None = None) -> None:
+    """``attnzoo translate``: a text file in, one translation per line out, in batches."""
+    ap = argparse.ArgumentParser(description="Translate a file, one sentence a line, with a published "
+                                             "translation model (a server, or --local in this process).")
+    ap.add_argument("-i", "--input", type=Path, required=True, help="UTF-8 text, one source sentence a line")
+    ap.add_argument("-o", "--output", type=Path, required=True,
+                    help="where the translations go, line for line (written when all are done)")
+    ap.add_argument("--model", default="bahdanau", help="a published translation model (default %(default)s)")
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    ap.add_argument("--local", action="store_true", help="no server: run the model from --repository here")
+    ap.add_argument("--repository", type=Path, default=Path("model_repository"),
+                    help="with --local: the model repository folder (default %(default)s)")
+    ap.add_argument("--version", default=None, help="a published version (default: the newest promoted one)")
+    ap.add_argument("--decode", choices=("beam", "greedy"), default="beam", help="search (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=16, help="sentences a request (default %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        lines = args.input.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise SystemExit(f"error: cannot read {args.input} as UTF-8 text ({err})") from None
+    if args.output.resolve() == args.input.resolve():
+        raise SystemExit("error: --output is the input file; name another file so the input is kept")
+    if args.batch < 1:
+        raise SystemExit("error: --batch must be at least 1")
+    from tqdm.auto import tqdm
+
+    client = LocalClient(args.repository) if args.local else Client(args.url)
+    out: list[str] = []
+    try:
+        with tqdm(total=len(lines), unit="line", desc=f"translate {args.model}", disable=None) as bar:
+            for start in range(0, len(lines), args.batch):
+                chunk = lines[start : start + args.batch]
+                texts = [t for t in chunk if t.strip()]  # blank lines stay blank, untranslated
+                done = iter(r["translation"] for r in client.translate(args.model, texts, args.decode, args.version)) \
+                    if texts else iter(())
+                out += [next(done) if t.strip() else "" for t in chunk]
+                bar.update(len(chunk))
+    except ServerError as err:
+        print(f"error: {err} ({len(out)} of {len(lines)} lines were translated; nothing was written)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    tmp = args.output.with_name(args.output.name + ".tmp")
+    tmp.write_text("".join(f"{t}\n" for t in out), encoding="utf-8")
+    tmp.replace(args.output)  # all or nothing: an interrupted run never leaves half a file

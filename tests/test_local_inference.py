@@ -1,0 +1,75 @@
+"""Offline inference: ``attnzoo predict --local`` and ``attnzoo translate --local`` answer in
+process, from the model repository, exactly what the server answers over HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from serving.client import LocalClient, ServerError
+from tests.conftest import ROOT
+from tests.test_serving import TEXTS, server  # noqa: F401
+from tests.test_serving_production import _requests, _same
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_local_answers_equal_the_servers_for_every_kind(server):  # noqa: F811
+    local = LocalClient(server.published.repo)
+    for name, feeds, params in _requests():
+        _same(local.infer(name, feeds, parameters=params), server.client.infer(name, feeds, parameters=params))
+    for name in ("bahdanau", "ntm", "act", "pointer"):
+        remote = server.client.model_metadata(name)
+        remote.pop("parameters")  # the server's extras: version policy, kind, limits
+        assert local.model_metadata(name) == remote, name
+    # the server's version policy and request checks, as the same errors
+    with pytest.raises(ServerError, match="has no version '9'") as err:
+        local.infer("ntm", {"x": np.zeros((1, 3, 5), np.float32)}, version="9")
+    assert err.value.status == 404
+    with pytest.raises(ServerError, match="unknown model 'nope'"):
+        local.model_metadata("nope")
+    with pytest.raises(ServerError) as err:
+        local.infer("ntm", {"x": np.zeros((1, 3, 4), np.float32)})  # 4 bits where the model takes 5
+    assert err.value.status == 400
+
+
+def test_predict_and_translate_commands_run_locally_as_on_the_server(server, tmp_path):  # noqa: F811
+    repo = str(server.published.repo)
+    for mode in ("greedy", "beam"):
+        over_http = cli("predict", "bahdanau", TEXTS[0], "--url", server.url, "--decode", mode)
+        here = cli("predict", "bahdanau", TEXTS[0], "--local", "--repository", repo, "--decode", mode)
+        assert over_http.returncode == here.returncode == 0, here.stderr
+        assert here.stdout == over_http.stdout and here.stdout.strip()
+    source = tmp_path / "de.txt"
+    source.write_text("\n".join([TEXTS[0], "", *TEXTS[1:]]) + "\n", encoding="utf-8")
+    outs = {}
+    for where in (["--url", server.url], ["--local", "--repository", repo]):
+        target = tmp_path / f"en{len(outs)}.txt"
+        proc = cli("translate", "-i", str(source), "-o", str(target), "--model", "bahdanau", "--batch", "2", *where)
+        assert proc.returncode == 0, proc.stderr
+        outs[where[0]] = target.read_text(encoding="utf-8").splitlines()
+    assert outs["--url"] == outs["--local"]
+    assert len(outs["--local"]) == len(TEXTS) + 1 and outs["--local"][1] == ""  # line for line, blanks kept
+    want = [r["translation"] for r in server.client.translate("bahdanau", list(TEXTS))]
+    assert [outs["--local"][0], *outs["--local"][2:]] == want
+
+
+def test_local_errors_are_one_sentence_and_write_nothing(tmp_path):
+    proc = cli("predict", "bahdanau", "Hallo", "--local", "--repository", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: unknown model 'bahdanau'; {tmp_path} holds no models " \
+                                  "(run `dvc repro` to publish, or pass --repository DIR)"
+    source = tmp_path / "de.txt"
+    source.write_text("Hallo\n")
+    target = tmp_path / "en.txt"
+    proc = cli("translate", "-i", str(source), "-o", str(target), "--local", "--repository", str(tmp_path))
+    assert proc.returncode == 2 and "nothing was written" in proc.stderr and "Traceback" not in proc.stderr
+    assert not target.exists()
+    proc = cli("translate", "-i", str(tmp_path / "missing.txt"), "-o", str(target))
+    assert proc.returncode != 0 and proc.stderr.startswith("error: cannot read") and not target.exists()
