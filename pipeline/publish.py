@@ -55,7 +55,7 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
 # serving/ modules bundled into each version for Triton's python backend (model.py imports them):
 # the package without the HTTP server and client (Triton is the server).
 SERVING_DIR = ROOT / "serving"
-NOT_BUNDLED = {"server.py", "client.py", "triton_model.py"}
+NOT_BUNDLED = {"server.py", "client.py", "triton_model.py", "pyfunc.py"}
 
 
 def bundle() -> list[str]:
@@ -210,6 +210,48 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     return meta, True
 
 
+def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str) -> str:
+    """Log a published version as an MLflow model in the active run (``serving.pyfunc``: the
+    version's folder, the serving code, a signature from the served metadata) and register it as a
+    version of registered model ``name``, aliased ``production`` when ``promote``. Returns the
+    registered version."""
+    import tempfile
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import mlflow
+
+    from serving.client import LocalClient
+    from serving.kinds import kind_of
+    from serving.pyfunc import PublishedModel, signature
+
+    requirements = []
+    for package in ("numpy", "onnxruntime", "sentencepiece", "mlflow"):
+        try:
+            requirements.append(f"{package}=={installed(package)}")
+        except PackageNotFoundError:  # e.g. onnxruntime-gpu instead of onnxruntime
+            pass
+    version = int(meta["version"])
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "repository"
+        shutil.copytree(version_dir, staged / name / str(version))  # LocalClient's layout: <name>/<version>/
+        served = LocalClient(staged).model_metadata(name, version)
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=PublishedModel(name, version), artifacts={"repository": str(staged)},
+            code_paths=[str(SERVING_DIR)], pip_requirements=requirements,
+            signature=signature(served, kind_of(meta["serving"], meta["graphs"]), meta["serving"].get("beam", 5)))
+    client = mlflow.MlflowClient()
+    try:
+        client.get_registered_model(name)
+    except mlflow.exceptions.MlflowException:
+        client.create_registered_model(name, description=description)
+    mv = mlflow.register_model(info.model_uri, name, tags={
+        "repository_version": str(version), tracking.GIT_COMMIT_TAG: meta.get("git_commit", "")})
+    if promote:
+        client.set_registered_model_alias(name, "production", mv.version)
+    return mv.version
+
+
 def publish(run: RunConfig, root: Path = ROOT) -> dict:
     # Before a version is written: a re-run finds it unchanged and would never register it in MLflow.
     tracking.ensure_reachable(root)
@@ -236,20 +278,9 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     if not created:
         return meta
     version_dir = root / "model_repository" / run.name / str(meta["version"])
-    with tracking.run(run.name, "publish", root=root) as mlflow:
-        mlflow.log_artifacts(str(version_dir), "model")
-        source = mlflow.get_artifact_uri("model")
-        client = mlflow.MlflowClient()
-        try:
-            client.get_registered_model(run.name)
-        except Exception:
-            client.create_registered_model(run.name, description=f"attnzoo {run.arch} on {run.task}")
-        mv = client.create_model_version(run.name, source, run_id=mlflow.active_run().info.run_id,
-                                         tags={"repository_version": str(meta["version"]),
-                                               "git_commit": meta["git_commit"]})
-        if promote:
-            client.set_registered_model_alias(run.name, "production", mv.version)
-        meta["mlflow_version"] = mv.version
+    with tracking.run(run.name, "publish", root=root):
+        meta["mlflow_version"] = register(run.name, version_dir, meta, promote,
+                                          f"attnzoo {run.arch} on {run.task}")
     (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
     return meta
 

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -92,13 +93,26 @@ def test_stages_log_to_a_tracking_server(repo, server):
     assert {"plots/by_length.png", "plots/halting.png", "metrics.json"} <= logged("evaluate")
     assert "parity.json" in logged("export")
     graphs = json.loads((repo / "model_repository" / "act" / "1" / "metadata.json").read_text())["graphs"]
-    assert graphs and {f"model/{g}.onnx" for g in graphs} | {"model/metadata.json"} <= logged("publish")
+    # publish logs an MLflow model (serving/pyfunc.py): its files, the version's folder among them
+    stored = {p.relative_to(artifacts).as_posix() for p in artifacts.rglob("*") if p.is_file()}
+    assert graphs and all(any(s.endswith(f"artifacts/repository/act/1/{g}.onnx") for s in stored) for g in graphs)
+    assert any(s.endswith("artifacts/repository/act/1/metadata.json") for s in stored)
+    assert any(s.endswith("/MLmodel") for s in stored) and any("/code/serving/" in s for s in stored)
     assert not (repo / "mlartifacts").exists()
 
-    # The registry over HTTP: version 1 from the publish run, promoted to production.
+    # The registry over HTTP: version 1 from the publish run, promoted to production, and loadable
+    # from the server as an MLflow model.
     version = client.get_model_version_by_alias("act", "production")
     assert version.version == "1" and version.run_id == runs["publish"].info.run_id
-    assert version.source.startswith("mlflow-artifacts:") and version.tags["repository_version"] == "1"
+    assert version.tags["repository_version"] == "1" and version.tags["mlflow.source.git.commit"] == commit
+    mlflow.set_tracking_uri(url)
+    try:
+        model = mlflow.pyfunc.load_model("models:/act@production")
+    finally:
+        mlflow.set_tracking_uri(None)
+    (spec,) = model.metadata.get_input_schema().inputs
+    out = model.predict({spec.name: np.zeros((2, spec.shape[1]), np.float32)})
+    assert sorted(out) == sorted(model.metadata.get_output_schema().input_names()) and out["bits"].shape[0] == 2
 
 
 def test_resume_continues_the_same_run(server, monkeypatch, capsys):

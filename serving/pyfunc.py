@@ -1,0 +1,53 @@
+"""A published version as an MLflow model (``mlflow.pyfunc``): the registered model versions that
+``publish`` writes load with ``mlflow.pyfunc.load_model("models:/<name>@production")`` and
+``predict`` gives the server's answer, computed in process by :class:`serving.client.LocalClient`
+(the same ONNX graphs, request checks and decoding loops). Imported by MLflow only; the server and
+the Triton bundle never import it (it needs ``mlflow``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import numpy as np
+
+from serving.protocol import DATATYPES  # v2 datatypes -> numpy (BYTES: Python strings)
+
+DECODING_KINDS = ("translation", "image_caption", "text_image", "audio", "points")  # take decode / beam
+
+
+class PublishedModel(mlflow.pyfunc.PythonModel):
+    """Version ``version`` of published model ``name``, whose folder MLflow keeps as the artifact
+    ``repository`` (laid out as ``<name>/<version>/``, as in ``model_repository/``)."""
+
+    def __init__(self, name: str, version: int):
+        self.name, self.version = name, version
+
+    def load_context(self, context) -> None:
+        from serving.client import LocalClient
+
+        self.client = LocalClient(Path(context.artifacts["repository"]))
+        self.client.model_metadata(self.name, self.version)  # load the graphs now, not on the first call
+
+    def predict(self, context, model_input: Any, params: dict | None = None) -> dict[str, np.ndarray]:
+        """``model_input``: named arrays (a dict, or a pandas DataFrame of one column per input);
+        ``params``: the server's request parameters (``decode``, ``beam``)."""
+        if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):  # a DataFrame
+            model_input = {c: np.asarray(model_input[c].tolist()) for c in model_input.columns}
+        given = {k: v for k, v in (params or {}).items() if v is not None}
+        return self.client.infer(self.name, dict(model_input), self.version, parameters=given or None)
+
+
+def signature(metadata: dict, kind: str | None, beam: int = 5):
+    """The MLflow signature of a served model from its Open Inference Protocol metadata (dynamic
+    axes stay -1) and, for decoding kinds, the ``decode`` and ``beam`` parameters."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
+
+    def schema(specs: list[dict]) -> Schema:
+        return Schema([TensorSpec(np.dtype(DATATYPES[s["datatype"]]), tuple(s["shape"]), s["name"]) for s in specs])
+
+    params = ParamSchema([ParamSpec("decode", "string", "beam"), ParamSpec("beam", "long", beam)]) \
+        if kind in DECODING_KINDS else None
+    return ModelSignature(schema(metadata["inputs"]), schema(metadata["outputs"]), params)

@@ -1,0 +1,44 @@
+"""Each registered model version is an MLflow model: ``mlflow.pyfunc.load_model("models:/<name>@
+production").predict(...)`` gives the server's answer, with a signature from the served metadata."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+
+from pipeline.publish import register
+from tests.conftest import tiny_batch
+from tests.test_serving import TEXTS, server  # noqa: F401
+from tests.test_serving_production import _same
+
+
+def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp_path, monkeypatch):  # noqa: F811
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.create_experiment("pyfunc", artifact_location=(tmp_path / "artifacts").as_uri())
+    images = tiny_batch("show_attend_tell", seed=7, batch=2)["image"].numpy()
+    cases = {"bahdanau": [({"text": np.array(TEXTS, dtype=object)}, {"decode": "greedy"}),
+                          ({"text": np.array(TEXTS[:1], dtype=object)}, {"decode": "beam", "beam": 2})],
+             "ntm": [({"x": np.random.default_rng(0).integers(0, 2, (2, 4, 5)).astype(np.float32)}, {})],
+             "captioner": [({"image": images}, {"decode": "beam"})]}
+    for name, requests in cases.items():
+        folder = server.published.repo / name / "1"
+        meta = json.loads((folder / "metadata.json").read_text())
+        with mlflow.start_run(experiment_id=experiment):
+            version = register(name, folder, meta, True, f"{name} (test)")
+        model = mlflow.pyfunc.load_model(f"models:/{name}@production")
+        served = server.client.model_metadata(name, 1)
+        assert model.metadata.get_input_schema().input_names() == [i["name"] for i in served["inputs"]]
+        assert model.metadata.get_output_schema().input_names() == [o["name"] for o in served["outputs"]]
+        params = model.metadata.get_params_schema()
+        assert (params is not None) == (name != "ntm"), name  # decode / beam only where there is a search
+        client = mlflow.MlflowClient()
+        mv = client.get_model_version(name, version)
+        assert mv.tags["repository_version"] == "1" and "mlflow.source.git.commit" in mv.tags
+        for feeds, p in requests:
+            got = model.predict(feeds, params=p or None)
+            want = server.client.infer(name, feeds, version=1, parameters=p or None)
+            _same({k: np.asarray(v) for k, v in got.items()}, want)
