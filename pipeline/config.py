@@ -144,6 +144,26 @@ def resolve(
     )
 
 
+def results_dir(run: RunConfig) -> Path:
+    """Where a stage writes a run's rows for the task report: ``results/<task>/`` beside ``runs/``
+    for the pipeline's own run folder (``runs/<name>``), inside the folder otherwise (an ad-hoc
+    ``train --out DIR``), so trying a model never overwrites the pipeline's results."""
+    if run.run_dir.parent.name == "runs" and run.run_dir.name == run.name:
+        return run.run_dir.parent.parent / "results" / run.task
+    return run.run_dir / "results" / run.task
+
+
+def at_run_dir(run: RunConfig, folder: Path | None) -> RunConfig:
+    """``run`` reading and writing ``folder`` (a ``train --out`` folder) instead of ``runs/<name>``."""
+    if folder is None:
+        return run
+    folder = Path(folder)
+    if not (folder / "checkpoint" / "best").is_dir():
+        raise UserError(f"{folder} holds no trained model (checkpoint/best); pass the folder "
+                        f"`attnzoo train {run.name} --out DIR` wrote")
+    return dataclasses.replace(run, run_dir=folder)
+
+
 def as_dict(run: RunConfig) -> dict:
     """JSON-friendly view (for MLflow params and checkpoint metadata)."""
     return {"name": run.name, "arch": run.arch, "task": run.task, "model": run.model,

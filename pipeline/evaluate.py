@@ -11,10 +11,11 @@ import json
 import operator
 import shutil
 import time
+from pathlib import Path
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, resolve
+from pipeline.config import RunConfig, at_run_dir, resolve, results_dir
 from pipeline.plots import by_length as plot_by_length
 from pipeline.tasks import get_task
 
@@ -48,7 +49,7 @@ def evaluate(run: RunConfig) -> dict:
     spec = row["by_length"]
     plot_by_length({run.name: spec["values"]}, spec["labels"], plots / "by_length.png", spec["xlabel"],
                    spec["metric"], f"{run.name}: {spec['metric']} by {spec['xlabel']}")
-    results = run.run_dir.parent.parent / "results" / run.task
+    results = results_dir(run)
     results.mkdir(parents=True, exist_ok=True)
     row.update(model=run.name, arch=run.arch, parameters=metrics["parameters"],
                train_seconds=metrics["train_seconds"],
@@ -65,11 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Evaluate a trained model on its test set.")
-    ap.add_argument("model")
+    ap.add_argument("model", help="a params.yaml entry")
+    ap.add_argument("--run", type=Path, default=None, metavar="DIR",
+                    help="the run folder (default runs/<model>), e.g. one `attnzoo train MODEL --out DIR` wrote; "
+                         "results then go to DIR/results/<task>/")
     args = ap.parse_args(argv)
 
     def body():
-        metrics = evaluate(resolve(args.model))
+        metrics = evaluate(at_run_dir(resolve(args.model), args.run))
         shown = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
         print(json.dumps({**shown, "bar_passed": metrics["bar"]["passed"]}, indent=1))
 

@@ -28,7 +28,7 @@ import torch
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, UserError, resolve
+from pipeline.config import RunConfig, UserError, at_run_dir, resolve, results_dir
 from pipeline.graphs import TorchGraph, run_loop
 from pipeline.tasks import get_task
 from serving.runtime import OrtGraph, providers
@@ -209,7 +209,7 @@ def export(run: RunConfig) -> dict:
         mlflow.log_artifact(str(run.run_dir / "parity.json"))
     if result["passed"]:
         timing = latency(model, onnx_dir, cases)
-        results = run.run_dir.parent.parent / "results" / run.task
+        results = results_dir(run)
         results.mkdir(parents=True, exist_ok=True)
         (results / f"{run.name}.latency.json").write_text(json.dumps(timing, indent=1))
     else:
@@ -222,11 +222,14 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Export a trained model to ONNX and check parity.")
-    ap.add_argument("model")
+    ap.add_argument("model", help="a params.yaml entry")
+    ap.add_argument("--run", type=Path, default=None, metavar="DIR",
+                    help="the run folder (default runs/<model>), e.g. one `attnzoo train MODEL --out DIR` wrote; "
+                         "results then go to DIR/results/<task>/")
     args = ap.parse_args(argv)
 
     def body():
-        result = export(resolve(args.model))
+        result = export(at_run_dir(resolve(args.model), args.run))
         for prov, rep in result["providers"].items():
             print(f"{args.model}: parity {'passed' if rep['passed'] else 'FAILED'} on {prov} "
                   f"({len(rep['cases'])} cases)")

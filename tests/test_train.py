@@ -123,3 +123,26 @@ def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
         path.write_text(original + "\n# a comment\n")
         assert train_mod.config_hash(run) != before, edited
         path.write_text(original)
+
+
+def test_evaluate_and_export_take_an_ad_hoc_run_folder(root):
+    """`attnzoo train MODEL --out DIR`, then `evaluate`/`export --run DIR`: every output goes to
+    DIR (results rows under DIR/results/<task>/), none to the pipeline's runs/ or results/."""
+    from pipeline.config import UserError, at_run_dir
+    from pipeline.evaluate import evaluate
+    from pipeline.export import export
+
+    # the parity gate reads real test sequences of lengths 10, 20 and 40
+    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
+                     "test_size": 16, "test_lengths": [10, 20, 40]}, root / "data" / "prepared" / "copy")
+    adhoc = root / "adhoc"
+    train(resolve("ntm", root=root), adhoc, progress=False)
+    run = at_run_dir(resolve("ntm", root=root), adhoc)
+    metrics = evaluate(run)
+    assert json.loads((adhoc / "metrics.json").read_text())["bar"] == metrics["bar"]
+    assert json.loads((adhoc / "results" / "copy" / "ntm.json").read_text())["model"] == "ntm"
+    assert export(run)["passed"] and json.loads((adhoc / "parity.json").read_text())["passed"]
+    assert (adhoc / "onnx").is_dir() and (adhoc / "results" / "copy" / "ntm.latency.json").exists()
+    assert not (root / "results").exists() and not (root / "runs").exists()
+    with pytest.raises(UserError, match="holds no trained model"):
+        at_run_dir(resolve("ntm", root=root), root / "empty")
