@@ -223,7 +223,7 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
 
     from serving.client import LocalClient
     from serving.kinds import kind_of
-    from serving.pyfunc import PublishedModel, signature
+    from serving.pyfunc import PublishedModel, input_example, signature
 
     requirements = []
     for package in ("numpy", "onnxruntime", "sentencepiece", "mlflow"):
@@ -238,7 +238,7 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
         served = LocalClient(staged).model_metadata(name, version)
         info = mlflow.pyfunc.log_model(
             name="model", python_model=PublishedModel(name, version), artifacts={"repository": str(staged)},
-            code_paths=[str(SERVING_DIR)], pip_requirements=requirements,
+            code_paths=[str(SERVING_DIR)], pip_requirements=requirements, input_example=input_example(served),
             signature=signature(served, kind_of(meta["serving"], meta["graphs"]), meta["serving"].get("beam", 5)))
     client = mlflow.MlflowClient()
     try:

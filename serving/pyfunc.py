@@ -51,3 +51,19 @@ def signature(metadata: dict, kind: str | None, beam: int = 5):
     params = ParamSchema([ParamSpec("decode", "string", "beam"), ParamSpec("beam", "long", beam)]) \
         if kind in DECODING_KINDS else None
     return ModelSignature(schema(metadata["inputs"]), schema(metadata["outputs"]), params)
+
+
+def input_example(metadata: dict) -> dict[str, np.ndarray] | None:
+    """A one-row example request for the MLflow model page, where one can be made without knowing
+    the task: a sentence for a text model, zeros for inputs of fixed shape (an image, a bit vector).
+    None where an input has a free axis or a vocabulary of its own (sequences, OCR lines, tables)."""
+    example = {}
+    for spec in metadata["inputs"]:
+        dims = spec["shape"][1:]
+        if spec["datatype"] == "BYTES" and spec["name"] == "text" and not dims:
+            example[spec["name"]] = np.array(["Guten Morgen."], dtype=object)
+        elif spec["datatype"] != "BYTES" and all(d > 0 for d in dims):
+            example[spec["name"]] = np.zeros((1, *dims), dtype=DATATYPES[spec["datatype"]])
+        else:
+            return None
+    return example

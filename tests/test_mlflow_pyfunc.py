@@ -33,6 +33,8 @@ def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp
         served = server.client.model_metadata(name, 1)
         assert model.metadata.get_input_schema().input_names() == [i["name"] for i in served["inputs"]]
         assert model.metadata.get_output_schema().input_names() == [o["name"] for o in served["outputs"]]
+        # an example request where one can be made without the task's data: a sentence, an image
+        assert (model.metadata.saved_input_example_info is not None) == (name != "ntm"), name
         params = model.metadata.get_params_schema()
         assert (params is not None) == (name != "ntm"), name  # decode / beam only where there is a search
         client = mlflow.MlflowClient()
