@@ -135,6 +135,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     import json
 
     from pipeline.config import ROOT, load_params
+    from serving.repository import VERSION_RE  # ASCII digits only: "²".isdigit() is true, int("²") fails
 
     root = Path(root or ROOT)
     rows = []
@@ -144,8 +145,8 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
         if not entry.get("bar"):
             passed = None  # a baseline, e.g. an ablation without attention
         folder = root / "model_repository" / name
-        versions = sorted((int(v.name) for v in folder.iterdir() if v.name.isdigit()), reverse=True) \
-            if folder.is_dir() else []
+        versions = sorted((int(v.name) for v in folder.iterdir() if v.is_dir() and VERSION_RE.match(v.name)),
+                          reverse=True) if folder.is_dir() else []
         rows.append({"name": name, "arch": entry["arch"], "task": entry["task"],
                      "bar": {True: "met", False: "not met", None: "no bar", "?": "not evaluated"}[passed],
                      "published": versions})

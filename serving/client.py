@@ -156,7 +156,7 @@ class LocalClient(Client):
         return {int(v.name): json.loads((v / "metadata.json").read_text())
                 for v in folder.iterdir() if VERSION_RE.match(v.name) and (v / "metadata.json").exists()}
 
-    def _model(self, name: str, version: str | int | None):  # type: ignore[override]
+    def _load(self, name: str, version: str | int | None):
         from serving.kinds import load_version
         from serving.repository import VERSION_RE, default_version
 
@@ -181,7 +181,7 @@ class LocalClient(Client):
         return self.loaded[key]
 
     def model_metadata(self, name: str, version: str | int | None = None) -> dict:
-        model, versions = self._model(name, version)
+        model, versions = self._load(name, version)
         return model.metadata(versions)
 
     def infer(self, name: str, inputs: dict[str, Any], version: str | int | None = None,
@@ -189,7 +189,7 @@ class LocalClient(Client):
               request_id: str | None = None, binary: bool = False) -> dict[str, np.ndarray]:
         from serving.protocol import RequestError, parse_request
 
-        model, _ = self._model(name, version)
+        model, _ = self._load(name, version)
         tensors = {n: as_tensor(v) for n, v in inputs.items()}
         body: dict[str, Any] = {"inputs": [encode(n, *t) for n, t in tensors.items()]}
         if outputs:

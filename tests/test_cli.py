@@ -117,7 +117,7 @@ def test_list_shows_entries_bar_status_and_published_versions(tmp_path):
     (tmp_path / "results" / "copy" / "a.json").write_text(json.dumps({"bar_passed": True}))
     (tmp_path / "results" / "parity").mkdir(parents=True)
     (tmp_path / "results" / "parity" / "b.json").write_text(json.dumps({"bar_passed": False}))
-    for v in ("1", "2", "10", "tmp"):
+    for v in ("1", "2", "10", "tmp", "²"):
         (tmp_path / "model_repository" / "a" / v).mkdir(parents=True)
     rows = {r["name"]: r for r in entries(tmp_path)}
     assert rows["a"] == {"name": "a", "arch": "ntm", "task": "copy", "bar": "met", "published": [10, 2, 1]}

@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import yaml
@@ -25,7 +24,7 @@ from safetensors.torch import load_file
 
 from pipeline.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
-from tests.test_multinode import free_port, kill_tree
+from tests.test_multinode import free_port, kill_tree, signal_tree
 
 pytestmark = pytest.mark.slow
 WORKER = str(ROOT / "tests" / "multinode_worker.py")
@@ -59,13 +58,6 @@ def run(cmd: list[str], env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
-def pause_tree(pid: int, sig: int) -> None:
-    """SIGSTOP or SIGCONT a process and its descendants (torchrun's workers have sessions of their own)."""
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        proc.send_signal(sig)
-
-
 def saved_state(out: Path) -> dict | None:
     trainer = out / "checkpoint" / "last" / "trainer.pt"
     try:
@@ -92,12 +84,12 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, p
             time.sleep(0.05)  # some steps on: the kill lands between two checkpoints
             # Freeze the whole job, then look: a fast machine may have reached the epoch's end (and
             # its checkpoint) meanwhile, and the kill must follow a mid-epoch checkpoint.
-            pause_tree(proc.pid, signal.SIGSTOP)
+            signal_tree(proc.pid, signal.SIGSTOP)
             state = saved_state(killed)
             if state and state["step"] % STEPS_PER_EPOCH and state["step"] < STEPS_PER_EPOCH * EPOCHS:
                 at_kill = state
                 break
-            pause_tree(proc.pid, signal.SIGCONT)
+            signal_tree(proc.pid, signal.SIGCONT)
         time.sleep(0.005)
     assert at_kill is not None and proc.poll() is None, "training ended before it could be killed"
     kill_tree(proc.pid)  # the whole job, torchrun and its workers alike

@@ -47,14 +47,19 @@ def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
     return logs
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants and wait for them: torchrun starts each worker in
-    a session of its own, so killing torchrun's process group would leave the workers running."""
+def signal_tree(pid: int, sig: int) -> list[psutil.Process]:
+    """Send ``sig`` to a process and all its descendants (torchrun starts each worker in a session
+    of its own, so signalling torchrun's process group would miss the workers); returns them."""
     root = psutil.Process(pid)
-    victims = [root, *root.children(recursive=True)]
-    for victim in victims:
-        victim.send_signal(signal.SIGKILL)
-    psutil.wait_procs(victims, timeout=30)
+    procs = [root, *root.children(recursive=True)]
+    for proc in procs:
+        proc.send_signal(sig)
+    return procs
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants and wait for them."""
+    psutil.wait_procs(signal_tree(pid, signal.SIGKILL), timeout=30)
 
 
 def finish_together(procs: list[subprocess.Popen], timeout: float) -> list[str]:

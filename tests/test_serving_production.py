@@ -114,10 +114,10 @@ class Slow:
 
 
 class Arrivals:
-    """Wraps a batcher or scheduler and records which threads (requests) have called it."""
+    """Wraps a batcher or scheduler and records in ``threads`` which threads (requests) called it."""
 
-    def __init__(self, inner):
-        self.inner, self.threads = inner, set()
+    def __init__(self, inner, threads: set[int]):
+        self.inner, self.threads = inner, threads
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -161,14 +161,12 @@ def test_shared_steps_give_each_request_what_it_gets_alone(published, name):
     arrived: set[int] = set()
     ready = lambda: len(arrived) >= len(srcs)  # noqa: E731
     batched_enc = StepBatcher(Slow(enc, 0.01), on_batch=rows.append)
-    batched_step = Arrivals(StepBatcher(Slow(step, 0.01, ready), on_batch=rows.append))
-    arrived = batched_step.threads
+    batched_step = Arrivals(StepBatcher(Slow(step, 0.01, ready), on_batch=rows.append), arrived)
     scheduled = GreedyScheduler.eligible(step)
     assert scheduled == (name != "transformer")  # its key/value cache grows with each step
     if scheduled:
-        scheduler = Arrivals(GreedyScheduler(enc, Slow(step, 0.01, ready), on_batch=rows.append))
-        scheduler.threads = arrived
-        batched_step.inner.greedy = scheduler
+        batched_step.inner.greedy = Arrivals(GreedyScheduler(enc, Slow(step, 0.01, ready), on_batch=rows.append),
+                                             arrived)
     bos, eos, pad = meta["bos_id"], meta["eos_id"], meta["pad_id"]
 
     def alone(i, mode):
