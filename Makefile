@@ -1,4 +1,6 @@
 VENV ?= .venv
+# stages run at once by `make repro` (JOBS=1: one at a time, as plain `dvc repro`)
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup repro test lint
@@ -6,8 +8,8 @@ setup: $(VENV)/.setup-done
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 
-repro: setup         ## the whole pipeline on the default params
-	dvc repro
+repro: setup         ## the whole pipeline on the default params, one stage per core at a time
+	attnzoo repro --jobs $(JOBS)
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
 	python -m pytest -q --durations=25; status=$$?; \

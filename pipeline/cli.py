@@ -26,6 +26,7 @@ STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
 SERVING = {"serve": "serving.server", "predict": "serving.client", "translate": "serving.client:translate_main"}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 DESCRIPTIONS = {
+    "repro": "run the pipeline's changed stages in parallel (--jobs N) or on a Ray cluster (--ray)",
     "prepare": "prepare one task's data (the DVC stage prepare@TASK)",
     "tune": "search hyper-parameters of a model entry with Ray Tune (tune@MODEL)",
     "train": "train a model entry with Accelerate, 1 process or many (train@MODEL)",

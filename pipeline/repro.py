@@ -1,0 +1,516 @@
+"""``attnzoo repro``: run the DVC pipeline's changed stages in parallel, on this machine or a Ray cluster.
+
+``dvc repro`` runs one stage at a time (DVC has no parallel execution, and two ``dvc repro`` calls
+collide on the repository lock). This runner asks DVC for the graph (``Repo.index.graph``) and
+for what changed (``Repo.status``, then ``Stage.changed`` once a stage's upstream ran), runs each
+ready stage's own command as ``dvc repro`` would (its non-persistent outputs removed first, the
+``DVC_ROOT``/``DVC_STAGE`` variables set), and records each finished stage with DVC's own
+``Repo.commit`` under the repository lock, one at a time. ``dvc.lock`` ends exactly as after
+``dvc repro``: a plain ``dvc repro`` afterwards has nothing to do. A failed stage stops its
+downstream stages, independent branches go on, and a re-run continues from what was committed.
+
+Locally at most ``--jobs`` stages run at once, each with its share of the cores as its thread count
+(a ``tune@`` stage with a search space takes every slot: its Ray trials use the cores). With
+``--ray`` each stage is a Ray task asking for the resources ``params.yaml`` ``repro.resources``
+gives its kind (a ``train@`` can ask for a GPU; a ``tune@`` asks for no CPU itself and points its
+trials at the same cluster), spread over the nodes. Stages run in the repository's own folder, so
+every node must see the checkout at the same path (a shared filesystem), as the data stages read
+and write there. Not done: DVC's run-cache restore (a stage is re-run rather than restored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(".dvc") / "tmp" / "repro"  # per-stage logs and the last run's summary (DVC ignores .dvc/tmp)
+DEFAULT_RESOURCES = {"default": {"num_cpus": 1}, "tune": {"num_cpus": 0}}
+POLL_S = 0.5
+
+
+class ReproError(RuntimeError):
+    """A problem the user can fix before anything runs (an unknown target, no Ray cluster)."""
+
+
+@dataclass
+class Node:
+    name: str                  # DVC's addressing: "train@ntm"
+    cmd: str
+    upstream: set[str]
+    kind: str                  # "train", the part before "@"
+    changed: bool              # by the status taken before the run
+    slots: int = 1             # local slots it occupies
+    state: str = "waiting"     # waiting | running | ran | up-to-date | failed | blocked
+    started: float = 0.0
+    seconds: float = 0.0
+    where: str = ""            # node (Ray) or "local"
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    nodes: dict[str, Node]
+    order: list[str]           # a topological order: dependencies first
+    estimates: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- the graph
+def _repo(root: Path):
+    from dvc.repo import Repo
+
+    return Repo(str(root))
+
+
+def plan(root: Path, targets: list[str], jobs: int) -> Plan:
+    """The stages ``targets`` need (all stages when empty), their edges, and what DVC says changed."""
+    import networkx as nx
+    from dvc.exceptions import DvcException
+
+    repo = _repo(root)
+    try:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        if targets:
+            scope = set()
+            for target in targets:
+                scope.update(repo.stage.collect(target, with_deps=True))
+        else:
+            scope = {s for s in graph.nodes if s.cmd}
+        status = repo.status(targets=targets or None, with_deps=True)
+    except DvcException as err:
+        raise ReproError(f"DVC cannot read the pipeline: {err}") from None
+    finally:
+        repo.close()
+    params = _params(root)
+    nodes = {}
+    for stage in scope:
+        kind = stage.addressing.split("@", 1)[0]
+        ups = {s.addressing for s in graph.successors(stage) if s in scope}
+        nodes[stage.addressing] = Node(stage.addressing, stage.cmd if isinstance(stage.cmd, str) else
+                                       " && ".join(stage.cmd), ups, kind, stage.addressing in status,
+                                       slots=_slots(stage.addressing, params, jobs))
+    sub = nx.DiGraph(graph.subgraph(scope)).reverse()  # dependency -> dependant
+    order = [s.addressing for s in nx.lexicographical_topological_sort(sub, key=lambda s: s.addressing)]
+    return Plan(nodes, order, _estimates(root, nodes))
+
+
+def priorities(the_plan: Plan) -> dict[str, float]:
+    """Each stage's critical path (its estimate plus its longest chain of dependants): ready stages
+    start longest-path first, so a tune@ whose training is long does not wait behind short stages."""
+    dependants: dict[str, list[str]] = {n: [] for n in the_plan.nodes}
+    for node in the_plan.nodes.values():
+        for up in node.upstream:
+            dependants[up].append(node.name)
+    path: dict[str, float] = {}
+    for name in reversed(the_plan.order):
+        own = the_plan.estimates.get(name, 30.0)
+        path[name] = own + max((path[d] for d in dependants[name]), default=0.0)
+    return path
+
+
+def _params(root: Path) -> dict:
+    return yaml.safe_load((root / "params.yaml").read_text()) or {}
+
+
+def _slots(name: str, params: dict, jobs: int) -> int:
+    """A tune@ stage with a search space runs its trials on every core: it takes all local slots."""
+    kind, _, key = name.partition("@")
+    if kind == "tune" and (params.get("models", {}).get(key, {}).get("search_space") or {}):
+        return jobs
+    return 1
+
+
+def _estimates(root: Path, nodes: dict[str, Node]) -> dict[str, float]:
+    """Seconds each stage is expected to take, for the ETA: a training's last recorded wall time."""
+    out = {}
+    for name in nodes:
+        kind, _, key = name.partition("@")
+        summary = root / "runs" / key / "train_summary.json"
+        if kind == "train" and summary.exists():
+            with contextlib.suppress(ValueError, OSError):
+                out[name] = float(json.loads(summary.read_text()).get("wall_seconds", 0)) or 0.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------- executors
+def _stage_env(root: Path, name: str, threads: int | None) -> dict[str, str]:
+    env = {"DVC_ROOT": str(root), "DVC_STAGE": name,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if threads:
+        # torch, numpy and onnxruntime read these at start: N stages at once share the cores.
+        env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    return env
+
+
+class LocalExecutor:
+    """Each stage a process group of its own (so an interrupt stops the whole stage), logged to a file."""
+
+    where = "local"
+
+    def __init__(self, root: Path, jobs: int):
+        self.root, self.jobs, self.free = root, jobs, jobs
+        self.cores = os.cpu_count() or 1
+        self.procs: dict[str, tuple[subprocess.Popen, Any, int]] = {}
+
+    def fits(self, node: Node) -> bool:
+        return node.slots <= self.free
+
+    def start(self, node: Node, log: Path) -> None:
+        threads = max(1, self.cores * node.slots // self.jobs)
+        env = {**os.environ, **_stage_env(self.root, node.name, threads)}
+        handle = log.open("wb")
+        proc = subprocess.Popen(node.cmd, shell=True, cwd=self.root, env=env, stdout=handle,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[node.name] = (proc, handle, node.slots)
+        self.free -= node.slots
+
+    def finished(self, timeout: float) -> list[tuple[str, int, str]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [(n, p.returncode) for n, (p, _, _) in self.procs.items() if p.poll() is not None]
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for name, _ in done:
+            _, handle, slots = self.procs.pop(name)
+            handle.close()
+            self.free += slots
+        return [(n, rc, "local") for n, rc in done]
+
+    def stop(self) -> None:
+        for proc, _, _ in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, handle, _ in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            handle.close()
+        self.procs.clear()
+
+
+def _run_on_node(cmd: str, root: str, env: dict, log: str) -> tuple[int, str]:
+    """A Ray task: run one stage's command in the (shared) checkout on whichever node Ray chose."""
+    import ctypes
+    import socket
+
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0)
+    full = {**os.environ, **env}
+    if cpus >= 1:
+        full.update({v: str(int(cpus)) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+
+    def die_with_worker():  # a cancelled task's worker is killed: its stage must not live on
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_DEATHSIG
+
+    with open(log, "wb") as handle:
+        rc = subprocess.call(cmd, shell=True, cwd=root, env=full, stdout=handle, stderr=subprocess.STDOUT,
+                             preexec_fn=die_with_worker)
+    return rc, f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
+
+
+class RayExecutor:
+    """Each stage a Ray task (SPREAD over the nodes) with its kind's resources from params.yaml."""
+
+    def __init__(self, root: Path, address: str, resources: dict[str, dict]):
+        import ray
+
+        from pipeline.tune import check_address
+
+        try:
+            check_address(address)
+        except RuntimeError as err:
+            raise ReproError(str(err)) from None
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(root), "MLFLOW_TRACKING_URI": uri}})
+        except ConnectionError as err:
+            raise ReproError(f"--ray {address}: {err}; start a cluster with `ray start --head` "
+                             "(docs/cluster.md) or leave out --ray to run here") from None
+        self.ray, self.root, self.resources = ray, root, resources
+        self.gcs = ray.get_runtime_context().gcs_address
+        self.remote = ray.remote(max_retries=0)(_run_on_node)
+        self.refs: dict[Any, str] = {}
+        self.where = f"Ray cluster at {self.gcs} ({len([n for n in ray.nodes() if n['Alive']])} nodes)"
+
+    def fits(self, node: Node) -> bool:
+        return True  # Ray queues a task until a node has its resources
+
+    def start(self, node: Node, log: Path) -> None:
+        opts = {"num_cpus": 1, **self.resources.get("default", {}), **self.resources.get(node.kind, {})}
+        env = _stage_env(self.root, node.name, None)
+        if node.kind == "tune":  # its trials join this cluster instead of starting a local Ray
+            env["RAY_ADDRESS"] = self.gcs
+        ref = self.remote.options(scheduling_strategy="SPREAD", **opts).remote(
+            node.cmd, str(self.root), env, str(self.root / log))
+        self.refs[ref] = node.name
+
+    def finished(self, timeout: float) -> list[tuple[str, int, str]]:
+        if not self.refs:
+            time.sleep(timeout)
+            return []
+        ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
+        out = []
+        for ref in ready:
+            name = self.refs.pop(ref)
+            try:
+                rc, where = self.ray.get(ref)
+            except self.ray.exceptions.RayError as err:  # the node died, the task was cancelled
+                rc, where = 1, f"lost: {str(err).strip().splitlines()[0][:200]}"
+            out.append((name, rc, where))
+        return out
+
+    def stop(self) -> None:
+        for ref in list(self.refs):
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+        self.refs.clear()
+        self.ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------- the run
+def _still_changed(root: Path, name: str) -> bool:
+    repo = _repo(root)
+    try:
+        with repo.lock:  # the stage's read/write locks need the repository lock held
+            (stage,) = repo.stage.collect(name)
+            return stage.changed()
+    finally:
+        repo.close()
+
+
+def _remove_outs(root: Path, name: str) -> None:
+    """What ``dvc repro`` does before running a stage: delete its outputs that are not ``persist``."""
+    repo = _repo(root)
+    try:
+        with repo.lock:
+            (stage,) = repo.stage.collect(name)
+            stage.remove_outs(ignore_remove=False, force=False)
+    finally:
+        repo.close()
+
+
+def _commit(root: Path, name: str) -> None:
+    """Record a finished stage in dvc.lock (and its outputs in the cache) as ``dvc repro`` does."""
+    repo = _repo(root)
+    try:
+        repo.commit(name, force=True)
+    finally:
+        repo.close()
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]:
+    """Run the plan: every changed stage once its upstream is done, failures blocking their downstream."""
+    from tqdm import tqdm
+
+    nodes, order = the_plan.nodes, the_plan.order
+    (root / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    rank = priorities(the_plan)
+    todo = sorted(order, key=lambda n: -rank[n])  # a stage only starts once its upstream is done
+    ran_upstream: set[str] = set()  # stages that ran: their dependants must be re-checked
+    bar = tqdm(total=len(order), unit="stage", dynamic_ncols=True, disable=not sys.stderr.isatty(),
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} stages {postfix}")
+    lock = threading.Lock()
+
+    def eta() -> str:
+        done = {n.kind: [] for n in nodes.values()}
+        for n in nodes.values():
+            if n.state == "ran":
+                done[n.kind].append(n.seconds)
+        left = 0.0
+        for n in nodes.values():
+            if n.state in ("waiting", "running") and (n.changed or n.upstream & ran_upstream or n.state == "running"):
+                same_kind = done[n.kind]
+                guess = the_plan.estimates.get(n.name) or (sum(same_kind) / len(same_kind) if same_kind else 30.0)
+                left += max(0.0, guess - (time.monotonic() - n.started if n.state == "running" else 0.0))
+        jobs = getattr(executor, "jobs", 1)
+        return f"ETA ~{_fmt(left / max(1, jobs))}"
+
+    try:
+        while todo or any(n.state == "running" for n in nodes.values()):
+            for name in list(todo):
+                node = nodes[name]
+                ups = [nodes[u] for u in node.upstream]
+                if any(u.state in ("failed", "blocked") for u in ups):
+                    node.state, node.note = "blocked", "an upstream stage failed"
+                    todo.remove(name)
+                    bar.update()
+                    continue
+                if any(u.state in ("waiting", "running") for u in ups):
+                    continue
+                # DVC's status before the run holds unless something upstream ran since.
+                if not (node.changed or node.upstream & ran_upstream) or \
+                        (node.upstream & ran_upstream and not _still_changed(root, name)):
+                    node.state = "up-to-date"
+                    todo.remove(name)
+                    bar.update()
+                    continue
+                if not executor.fits(node):
+                    continue
+                _remove_outs(root, name)
+                node.state, node.started = "running", time.monotonic()
+                executor.start(node, LOG_DIR / f"{name.replace('@', '_')}.log")
+                todo.remove(name)
+                bar.write(f"started   {name}") if not bar.disable else echo(f"started   {name}")
+            for name, rc, where in executor.finished(POLL_S):
+                node = nodes[name]
+                node.seconds, node.where = time.monotonic() - node.started, where
+                if rc == 0:
+                    try:
+                        with lock:
+                            _commit(root, name)
+                        node.state = "ran"
+                        ran_upstream.add(name)
+                    except Exception as err:  # noqa: BLE001 -- a stage whose outputs DVC refuses is a failure
+                        node.state, node.note = "failed", f"dvc commit failed: {err}"
+                else:
+                    node.state, node.note = "failed", f"exit code {rc}"
+                mark = "finished" if node.state == "ran" else "FAILED  "
+                line = f"{mark}  {name}  {_fmt(node.seconds)}  ({where})" + (f": {node.note}" if node.note else "")
+                bar.write(line) if not bar.disable else echo(line)
+                bar.update()
+            running = [n for n in nodes.values() if n.state == "running"]
+            bar.set_postfix_str(", ".join(f"{n.name} {_fmt(time.monotonic() - n.started)}" for n in running[:4])
+                                + f" | {eta()}", refresh=True)
+    except KeyboardInterrupt:
+        for node in nodes.values():
+            if node.state == "running":
+                node.state, node.note = "failed", "interrupted"
+                node.seconds = time.monotonic() - node.started
+            elif node.state == "waiting":
+                node.state, node.note = "blocked", "interrupted"
+        raise
+    finally:
+        executor.stop()
+        bar.close()
+        _write_summary(root, nodes)
+    return nodes
+
+
+def _write_summary(root: Path, nodes: dict[str, Node]) -> None:
+    rows = {n.name: {"state": n.state, "seconds": round(n.seconds, 1), "where": n.where, "note": n.note}
+            for n in nodes.values()}
+    (root / LOG_DIR / "summary.json").write_text(json.dumps(rows, indent=1, sort_keys=True))
+
+
+def summarize(nodes: dict[str, Node], wall: float) -> str:
+    by_state: dict[str, list[Node]] = {}
+    for node in nodes.values():
+        by_state.setdefault(node.state, []).append(node)
+    ran = by_state.get("ran", [])
+    kinds: dict[str, float] = {}
+    for node in ran:
+        kinds[node.kind] = kinds.get(node.kind, 0.0) + node.seconds
+    lines = [f"{len(ran)} stages ran, {len(by_state.get('up-to-date', []))} were up to date, "
+             f"{len(by_state.get('failed', []))} failed, {len(by_state.get('blocked', []))} not run; "
+             f"wall time {_fmt(wall)}"]
+    if kinds:
+        lines.append("stage time by kind: " + ", ".join(f"{k} {_fmt(s)}" for k, s in sorted(kinds.items())))
+    for node in sorted(by_state.get("failed", []), key=lambda n: n.name):
+        log = LOG_DIR / f"{node.name.replace('@', '_')}.log"
+        lines.append(f"  failed: {node.name} ({node.note}); its output is in {log}")
+    blocked = sorted(n.name for n in by_state.get("blocked", []))
+    if blocked:
+        lines.append(f"  not run ({len(blocked)}): " + ", ".join(blocked[:12]) + (" ..." if len(blocked) > 12 else ""))
+    if by_state.get("failed") or blocked:
+        lines.append("fix the failure and run `attnzoo repro` again: what finished is recorded in dvc.lock")
+    return "\n".join(lines)
+
+
+def _init_tracking(root: Path) -> None:
+    """Create (migrate) a SQLite MLflow store once, here: stages creating it at once collide."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    if uri.startswith("sqlite:"):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).search_experiments(max_results=1)
+
+
+def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dry: bool = False,
+          echo=print) -> dict[str, Node]:
+    import logging
+
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # not DVC's "Updating lock file" per stage
+    started = time.monotonic()
+    the_plan = plan(root, targets, jobs)
+    todo = [n for n in the_plan.order if the_plan.nodes[n].changed]
+    if dry:
+        for name in todo:
+            echo(f"would run {name} (and then re-check what depends on it)")
+        echo(f"{len(todo)} of {len(the_plan.order)} stages changed")
+        return the_plan.nodes
+    if not todo:
+        echo(f"Data and pipelines are up to date ({len(the_plan.order)} stages).")
+        return the_plan.nodes
+    _init_tracking(root)
+    if ray_address:
+        resources = {**DEFAULT_RESOURCES, **(_params(root).get("repro", {}) or {}).get("resources", {})}
+        executor = RayExecutor(root, ray_address, resources)
+    else:
+        executor = LocalExecutor(root, jobs)
+    echo(f"{len(todo)} of {len(the_plan.order)} stages changed; running them "
+         + (f"on the {executor.where}" if ray_address else f"{jobs} at a time here") + f"; logs in {LOG_DIR}/")
+    nodes = execute(root, the_plan, executor, echo)
+    echo(summarize(nodes, time.monotonic() - started))
+    return nodes
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Run the DVC pipeline's changed stages in parallel (locally or on a Ray cluster) and "
+                    "record each in dvc.lock as `dvc repro` does.")
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="stages to bring up to date with everything they depend on (e.g. train@ntm "
+                             "or publish@bahdanau); default: the whole pipeline")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="stages running at once on this machine, each with its share of the cores as "
+                             "threads (default: the number of cores, %(default)s)")
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="run each stage as a Ray task on the cluster at ADDRESS (default: auto, the "
+                             "cluster `ray start` joined this machine to); the checkout must be at the "
+                             "same path on every node")
+    parser.add_argument("-n", "--dry", action="store_true", help="list the changed stages and run nothing")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give at least 1")
+    try:
+        nodes = repro(Path.cwd() if (Path.cwd() / "dvc.yaml").exists() else ROOT, args.targets, args.jobs,
+                      args.ray, args.dry)
+    except ReproError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted: finished stages are recorded in dvc.lock; run `attnzoo repro` again to go on",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    if any(n.state in ("failed", "blocked") for n in nodes.values()):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
