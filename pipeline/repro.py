@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -71,7 +72,11 @@ class Plan:
 def _repo(root: Path):
     from dvc.repo import Repo
 
-    return Repo(str(root))
+    # Wait for the repository lock (`dvc --wait-for-lock`): a user's `dvc status` meanwhile must not
+    # fail a finished stage's commit.
+    repo = Repo(str(root), _wait_for_lock=True)
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # not "Updating lock file" per stage (DVC resets it)
+    return repo
 
 
 def plan(root: Path, targets: list[str], jobs: int) -> Plan:
@@ -182,7 +187,7 @@ class LocalExecutor:
             done = [(n, p.returncode) for n, (p, _, _) in self.procs.items() if p.poll() is not None]
             if done or time.monotonic() >= deadline:
                 break
-            time.sleep(0.05)
+            time.sleep(0.2)
         for name, _ in done:
             _, handle, slots = self.procs.pop(name)
             handle.close()
@@ -333,6 +338,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
     rank = priorities(the_plan)
     todo = sorted(order, key=lambda n: -rank[n])  # a stage only starts once its upstream is done
     ran_upstream: set[str] = set()  # stages that ran: their dependants must be re-checked
+    rechecked: set[str] = set()
     bar = tqdm(total=len(order), unit="stage", dynamic_ncols=True, disable=not sys.stderr.isatty(),
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} stages {postfix}")
     lock = threading.Lock()
@@ -344,7 +350,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                 done[n.kind].append(n.seconds)
         left = 0.0
         for n in nodes.values():
-            if n.state in ("waiting", "running") and (n.changed or n.upstream & ran_upstream or n.state == "running"):
+            if n.state == "running" or (n.state == "waiting" and (n.changed or n.upstream & ran_upstream)):
                 same_kind = done[n.kind]
                 guess = the_plan.estimates.get(n.name) or (sum(same_kind) / len(same_kind) if same_kind else 30.0)
                 left += max(0.0, guess - (time.monotonic() - n.started if n.state == "running" else 0.0))
@@ -363,9 +369,12 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                     continue
                 if any(u.state in ("waiting", "running") for u in ups):
                     continue
-                # DVC's status before the run holds unless something upstream ran since.
-                if not (node.changed or node.upstream & ran_upstream) or \
-                        (node.upstream & ran_upstream and not _still_changed(root, name)):
+                # DVC's status before the run holds unless something upstream ran since; then ask
+                # DVC again, once: with its upstream done, the answer cannot change.
+                if node.upstream & ran_upstream and name not in rechecked:
+                    rechecked.add(name)
+                    node.changed = _still_changed(root, name)
+                if not node.changed:
                     node.state = "up-to-date"
                     todo.remove(name)
                     bar.update()
@@ -453,9 +462,6 @@ def _init_tracking(root: Path) -> None:
 
 def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dry: bool = False,
           echo=print) -> dict[str, Node]:
-    import logging
-
-    logging.getLogger("dvc").setLevel(logging.WARNING)  # not DVC's "Updating lock file" per stage
     started = time.monotonic()
     the_plan = plan(root, targets, jobs)
     todo = [n for n in the_plan.order if the_plan.nodes[n].changed]
@@ -475,7 +481,11 @@ def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dr
         executor = LocalExecutor(root, jobs)
     echo(f"{len(todo)} of {len(the_plan.order)} stages changed; running them "
          + (f"on the {executor.where}" if ray_address else f"{jobs} at a time here") + f"; logs in {LOG_DIR}/")
-    nodes = execute(root, the_plan, executor, echo)
+    try:
+        nodes = execute(root, the_plan, executor, echo)
+    except KeyboardInterrupt:
+        echo(summarize(the_plan.nodes, time.monotonic() - started))
+        raise
     echo(summarize(nodes, time.monotonic() - started))
     return nodes
 
@@ -496,6 +506,11 @@ def main(argv: list[str] | None = None) -> None:
                              "same path on every node")
     parser.add_argument("-n", "--dry", action="store_true", help="list the changed stages and run nothing")
     args = parser.parse_args(argv)
+
+    def interrupted(signum, frame):  # a scheduler's or a terminal's SIGTERM stops the stages as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give at least 1")
     try:
