@@ -1,0 +1,228 @@
+"""Inference benchmark (not a test): ONNX Runtime fp32, ONNX Runtime int8 and PyTorch eager, per graph
+and for the whole inference loop, at batch 1 and batch 32, for every model trained in this checkout.
+
+    python scripts/bench_inference.py                          # every entry with a checkpoint
+    python scripts/bench_inference.py bahdanau ntm --repeats 9 --threads 1
+    python scripts/bench_inference.py --write-docs             # also replace the table in docs/benchmarks.md
+
+Inputs: a model's graphs come from its newest published version (``model_repository/<name>/<v>/``,
+else ``runs/<name>/onnx``), PyTorch from ``runs/<name>/checkpoint/best``, the batches from the task's
+parity cases on the prepared test data: *batch 1* sums the batch-1 cases, *batch 32* is the
+largest case repeated to 32 rows. The int8 graphs are made here with onnxruntime's dynamic
+quantisation (``quantize_dynamic``, int8 weights, MatMul/Gemm/LSTM/GRU/Attention) into a temporary
+folder: a speed figure, not a published variant; ``int8 same`` is the share of rows whose tokens
+(or argmax) equal the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
+noisy: compare within one row); the figure is the median of the repeats, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DOCS = ROOT / "docs" / "benchmarks.md"
+JSON_OUT = ROOT / "docs" / "bench_inference.json"
+START, END = "<!-- bench_inference: start -->", "<!-- bench_inference: end -->"
+
+
+def machine() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def latest_graphs(name: str, root: Path) -> Path | None:
+    versions = root / "model_repository" / name
+    numbered = sorted((int(p.name), p) for p in versions.glob("*") if p.name.isdecimal()) if versions.is_dir() else []
+    if numbered:
+        return numbered[-1][1]
+    onnx = root / "runs" / name / "onnx"
+    return onnx if onnx.is_dir() else None
+
+
+def quantize(folder: Path, graphs: list[str], out: Path) -> None:
+    """onnxruntime's recipe: shape inference and graph optimisation (``quant_pre_process``), then
+    dynamic quantisation. Tensors it cannot quantise (float64 ones, say) stay float: ORT logs each
+    on the root logger, which is quietened here."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    out.mkdir(parents=True, exist_ok=True)
+    root_logger = logging.getLogger()
+    level, root_logger.level = root_logger.level, logging.ERROR
+    try:
+        for graph in graphs:
+            pre = out / f"{graph}.pre.onnx"
+            quant_pre_process(str(folder / f"{graph}.onnx"), str(pre), skip_symbolic_shape=True)
+            quantize_dynamic(str(pre), str(out / f"{graph}.onnx"), weight_type=QuantType.QInt8)
+    finally:
+        root_logger.level = level
+
+
+def tile(batch: dict, rows: int) -> dict:
+    """``batch`` repeated along its first axis to exactly ``rows`` rows."""
+    import torch
+
+    size = next(iter(batch.values())).shape[0]
+    reps = -(-rows // size)
+    return {k: torch.cat([v] * reps)[:rows] for k, v in batch.items()}
+
+
+def decisions(out: dict) -> np.ndarray:
+    """What a user sees of a loop's result, per row: tokens, else the argmax, else the sign of logits."""
+    for key in ("tokens", "pred", "answer"):
+        if key in out:
+            return np.asarray(out[key]).reshape(len(out[key]), -1)
+    logits = np.asarray(out["logits"])
+    return (logits > 0).reshape(len(logits), -1)
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(1000 * float(np.median(samples)), 3)
+
+
+def bench_model(name: str, root: Path, threads: int, repeats: int) -> dict:
+    import torch
+
+    from pipeline.checkpoint import load_model
+    from pipeline.config import resolve
+    from pipeline.graphs import TorchGraph, loop_kind, run_loop
+    from pipeline.tasks import get_task
+    from serving.runtime import OrtGraph
+
+    run = resolve(name, root=root)
+    folder = latest_graphs(name, root)
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    specs = model.export_graphs()
+    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+    cases = get_task(run.task).model_parity_batches(model, run.data_dir)
+    sized = [(int(next(iter(b.values())).shape[0]), b) for _, b in cases]
+    batches = {1: [b for n, b in sized if n == 1], 32: [tile(max(sized, key=lambda x: x[0])[1], 32)]}
+    with tempfile.TemporaryDirectory() as tmp:
+        quantize(folder, list(specs), Path(tmp))
+        fp32 = {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=threads) for g in specs}
+        int8 = {g: OrtGraph(Path(tmp) / f"{g}.onnx", provider="cpu", threads=threads) for g in specs}
+        eager = {g: TorchGraph(s) for g, s in specs.items()}
+        row = {"model": name, "loop": loop_kind(specs), "graphs": {}, "loop_ms": {}, "int8_same": {}}
+        for size, group in batches.items():
+            np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
+            records = {g: [] for g in specs}  # the feeds each graph sees while the model decodes
+            for b in np_group:
+                run_loop({g: TorchGraph(s, records[g]) for g, s in specs.items()}, b, meta)
+            # whole loop: PyTorch's own predict (as `evaluate` runs it) vs the serving loop over ORT
+            loops = {"eager": lambda: [model.predict(b) for b in group],
+                     "fp32": lambda: [run_loop(fp32, b, meta) for b in np_group],
+                     "int8": lambda: [run_loop(int8, b, meta) for b in np_group]}
+            calls = {g: {"eager": (lambda g=g: [eager[g](f) for f in records[g]]),
+                         "fp32": (lambda g=g: [fp32[g](f) for f in records[g]]),
+                         "int8": (lambda g=g: [int8[g](f) for f in records[g]])} for g in specs}
+            times: dict[str, list[float]] = {}
+            for fn in [*loops.values(), *(c for g in calls.values() for c in g.values())]:
+                fn()  # warm-up: first-call allocations, lazy initialisation
+            for _ in range(repeats):
+                for key, fn in [*loops.items(), *((f"{g}/{k}", c) for g, d in calls.items() for k, c in d.items())]:
+                    start = time.perf_counter()
+                    fn()
+                    times.setdefault(key, []).append(time.perf_counter() - start)
+            row["loop_ms"][size] = {k: median_ms(times[k]) for k in loops}
+            for g in specs:
+                row["graphs"].setdefault(g, {})[size] = {
+                    "calls": len(records[g]), **{k: median_ms(times[f"{g}/{k}"]) for k in ("eager", "fp32", "int8")}}
+            same = [float((decisions(a) == decisions(b)).all(axis=1).mean())
+                    for a, b in zip(loops["fp32"](), loops["int8"]())]
+            row["int8_same"][size] = round(float(np.mean(same)), 3)
+    return row
+
+
+def markdown(rows: list[dict], threads: int, repeats: int) -> str:
+    lines = [START, "",
+             f"`python scripts/bench_inference.py --threads {threads} --repeats {repeats}` on {machine()}, "
+             f"{threads} thread(s) for PyTorch and ONNX Runtime; median of {repeats} repeats, ms. "
+             "Speed-up = eager / ORT (> 1: ONNX Runtime faster). int8: dynamic quantisation made by the "
+             "script (not a published variant); *same* = rows whose tokens / argmax equal fp32's.", "",
+             "| model | loop | batch | eager ms | ORT fp32 ms | ×fp32 | ORT int8 ms | ×int8 | int8 same |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for size, t in r["loop_ms"].items():
+            lines.append(f"| {r['model']} | {r['loop']} | {size} | {t['eager']:.2f} | {t['fp32']:.2f} | "
+                         f"{t['eager'] / t['fp32']:.2f} | {t['int8']:.2f} | {t['eager'] / t['int8']:.2f} | "
+                         f"{r['int8_same'][size]:.0%} |")
+    lines += ["", "Per graph (all calls the loop makes, summed; batch 1 / batch 32):", "",
+              "| model | graph | calls | eager ms | ORT fp32 ms | ×fp32 | ORT int8 ms | ×int8 |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for g, by_size in r["graphs"].items():
+            cells = [" / ".join(str(by_size[s]["calls"]) for s in by_size)]
+            for k in ("eager", "fp32"):
+                cells.append(" / ".join(f"{by_size[s][k]:.2f}" for s in by_size))
+                if k == "fp32":
+                    cells.append(" / ".join(f"{by_size[s]['eager'] / by_size[s]['fp32']:.2f}" for s in by_size))
+            cells.append(" / ".join(f"{by_size[s]['int8']:.2f}" for s in by_size))
+            cells.append(" / ".join(f"{by_size[s]['eager'] / by_size[s]['int8']:.2f}" for s in by_size))
+            lines.append(f"| {r['model']} | {g} | " + " | ".join(cells) + " |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="params.yaml entries (default: every entry trained in this checkout)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="PyTorch and ORT intra-op threads")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout (default: this one)")
+    ap.add_argument("--write-docs", action="store_true", help=f"replace the generated table in {DOCS.name}")
+    args = ap.parse_args(argv)
+
+    import torch
+    import yaml
+
+    torch.set_num_threads(args.threads)
+    entries = list(yaml.safe_load((args.root / "params.yaml").read_text())["models"])
+    unknown = sorted(set(args.models) - set(entries))
+    if unknown:
+        raise SystemExit(f"error: not params.yaml entries: {', '.join(unknown)}")
+    rows, missing = [], []
+    for name in args.models or entries:
+        if not (args.root / "runs" / name / "checkpoint" / "best").is_dir() or latest_graphs(name, args.root) is None:
+            missing.append(name)
+            continue
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        rows.append(bench_model(name, args.root, args.threads, args.repeats))
+    if missing:
+        print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
+              file=sys.stderr)
+    if not rows:
+        raise SystemExit("error: no model to benchmark: train and export one first")
+    table = markdown(rows, args.threads, args.repeats)
+    print(table)
+    if args.write_docs:
+        JSON_OUT.write_text(json.dumps({"machine": machine(), "threads": args.threads, "repeats": args.repeats,
+                                        "rows": rows}, indent=1))
+        text = DOCS.read_text()
+        if START in text:
+            text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: table, text, flags=re.S)
+        else:
+            text = text.rstrip() + "\n\n## Inference: ONNX Runtime vs PyTorch, fp32 and int8\n\n" + table + "\n"
+        DOCS.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
