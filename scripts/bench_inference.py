@@ -100,12 +100,57 @@ def median_ms(samples: list[float]) -> float:
     return round(1000 * float(np.median(samples)), 3)
 
 
-def bench_model(name: str, root: Path, threads: int, repeats: int) -> dict:
-    import torch
+def timed(fns: dict, repeats: int) -> dict[str, float]:
+    """Median ms of each callable: one warm-up call each, then ``repeats`` rounds calling all in turn."""
+    for fn in fns.values():
+        fn()  # first-call allocations, lazy initialisation
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    return {k: median_ms(v) for k, v in times.items()}
 
+
+def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int) -> dict:
+    """Whole loop and per graph, for one list of batches: eager (PyTorch's own ``predict``, as
+    ``evaluate`` runs it; per graph the eager module) vs the serving loop over each ORT engine."""
+    from functools import partial
+
+    from pipeline.graphs import TorchGraph, run_loop
+
+    np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
+    records = {g: [] for g in specs}  # the feeds each graph sees while the model decodes
+    for b in np_group:
+        run_loop({g: TorchGraph(s, records[g]) for g, s in specs.items()}, b, meta)
+
+    def loop(graphs):
+        return [run_loop(graphs, b, meta) for b in np_group]
+
+    def replay(graph, feeds):
+        return [graph(f) for f in feeds]
+
+    fns = {"eager": partial(lambda batches: [model.predict(b) for b in batches], group),
+           **{k: partial(loop, graphs) for k, graphs in engines.items()}}
+    eager = {g: TorchGraph(s) for g, s in specs.items()}
+    for g in specs:
+        fns[f"{g}/eager"] = partial(replay, eager[g], records[g])
+        for k, graphs in engines.items():
+            fns[f"{g}/{k}"] = partial(replay, graphs[g], records[g])
+    ms = timed(fns, repeats)
+    same = [float((decisions(a) == decisions(b)).all(axis=1).mean()) for a, b in zip(loop(engines["fp32"]),
+                                                                                     loop(engines["int8"]))]
+    return {"loop_ms": {k: ms[k] for k in ("eager", *engines)},
+            "graphs": {g: {"calls": len(records[g]), **{k: ms[f"{g}/{k}"] for k in ("eager", *engines)}}
+                       for g in specs},
+            "int8_same": round(float(np.mean(same)), 3)}
+
+
+def bench_model(name: str, root: Path, threads: int, repeats: int) -> dict:
     from pipeline.checkpoint import load_model
     from pipeline.config import resolve
-    from pipeline.graphs import TorchGraph, loop_kind, run_loop
+    from pipeline.graphs import loop_kind
     from pipeline.tasks import get_task
     from serving.runtime import OrtGraph
 
@@ -117,39 +162,17 @@ def bench_model(name: str, root: Path, threads: int, repeats: int) -> dict:
     cases = get_task(run.task).model_parity_batches(model, run.data_dir)
     sized = [(int(next(iter(b.values())).shape[0]), b) for _, b in cases]
     batches = {1: [b for n, b in sized if n == 1], 32: [tile(max(sized, key=lambda x: x[0])[1], 32)]}
+    row = {"model": name, "loop": loop_kind(specs), "graphs": {}, "loop_ms": {}, "int8_same": {}}
     with tempfile.TemporaryDirectory() as tmp:
         quantize(folder, list(specs), Path(tmp))
-        fp32 = {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=threads) for g in specs}
-        int8 = {g: OrtGraph(Path(tmp) / f"{g}.onnx", provider="cpu", threads=threads) for g in specs}
-        eager = {g: TorchGraph(s) for g, s in specs.items()}
-        row = {"model": name, "loop": loop_kind(specs), "graphs": {}, "loop_ms": {}, "int8_same": {}}
+        engines = {"fp32": {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=threads) for g in specs},
+                   "int8": {g: OrtGraph(Path(tmp) / f"{g}.onnx", provider="cpu", threads=threads) for g in specs}}
         for size, group in batches.items():
-            np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
-            records = {g: [] for g in specs}  # the feeds each graph sees while the model decodes
-            for b in np_group:
-                run_loop({g: TorchGraph(s, records[g]) for g, s in specs.items()}, b, meta)
-            # whole loop: PyTorch's own predict (as `evaluate` runs it) vs the serving loop over ORT
-            loops = {"eager": lambda: [model.predict(b) for b in group],
-                     "fp32": lambda: [run_loop(fp32, b, meta) for b in np_group],
-                     "int8": lambda: [run_loop(int8, b, meta) for b in np_group]}
-            calls = {g: {"eager": (lambda g=g: [eager[g](f) for f in records[g]]),
-                         "fp32": (lambda g=g: [fp32[g](f) for f in records[g]]),
-                         "int8": (lambda g=g: [int8[g](f) for f in records[g]])} for g in specs}
-            times: dict[str, list[float]] = {}
-            for fn in [*loops.values(), *(c for g in calls.values() for c in g.values())]:
-                fn()  # warm-up: first-call allocations, lazy initialisation
-            for _ in range(repeats):
-                for key, fn in [*loops.items(), *((f"{g}/{k}", c) for g, d in calls.items() for k, c in d.items())]:
-                    start = time.perf_counter()
-                    fn()
-                    times.setdefault(key, []).append(time.perf_counter() - start)
-            row["loop_ms"][size] = {k: median_ms(times[k]) for k in loops}
-            for g in specs:
-                row["graphs"].setdefault(g, {})[size] = {
-                    "calls": len(records[g]), **{k: median_ms(times[f"{g}/{k}"]) for k in ("eager", "fp32", "int8")}}
-            same = [float((decisions(a) == decisions(b)).all(axis=1).mean())
-                    for a, b in zip(loops["fp32"](), loops["int8"]())]
-            row["int8_same"][size] = round(float(np.mean(same)), 3)
+            got = bench_batches(model, specs, meta, group, engines, repeats)
+            row["loop_ms"][size] = got["loop_ms"]
+            row["int8_same"][size] = got["int8_same"]
+            for g, by in got["graphs"].items():
+                row["graphs"].setdefault(g, {})[size] = by
     return row
 
 
@@ -167,7 +190,8 @@ def markdown(rows: list[dict], threads: int, repeats: int) -> str:
                          f"{t['eager'] / t['fp32']:.2f} | {t['int8']:.2f} | {t['eager'] / t['int8']:.2f} | "
                          f"{r['int8_same'][size]:.0%} |")
     lines += ["", "Per graph (all calls the loop makes, summed; batch 1 / batch 32):", "",
-              "| model | graph | calls | eager ms | ORT fp32 ms | ×fp32 | ORT int8 ms | ×int8 |", "|---|---|---|---|---|---|---|---|"]
+              "| model | graph | calls | eager ms | ORT fp32 ms | ×fp32 | ORT int8 ms | ×int8 |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for g, by_size in r["graphs"].items():
             cells = [" / ".join(str(by_size[s]["calls"]) for s in by_size)]

@@ -46,7 +46,6 @@ def peak_flops(device_name: str, override_tflops: float | None) -> float | None:
 
 def trained_models(root: Path) -> list[str]:
     import yaml
-
     from bench_inference import latest_graphs
 
     names = list(yaml.safe_load((root / "params.yaml").read_text())["models"])
@@ -98,18 +97,19 @@ def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str,
         graphs = {g: OrtGraph(latest_graphs(name, root) / f"{g}.onnx", provider=device) for g in specs}
         model = model.to(device)
         row = {}
-        for size, group in {1: [b for n, b in sized if n == 1], 32: [tile(max(sized, key=lambda x: x[0])[1], 32)]}.items():
+        largest = max(sized, key=lambda x: x[0])[1]
+        for size, group in {1: [b for n, b in sized if n == 1], 32: [tile(largest, 32)]}.items():
             on_device = [{k: v.to(device) for k, v in b.items()} for b in group]
             np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
 
-            def torch_loop(batches=on_device):
+            def torch_loop(batches=on_device, model=model):
                 with torch.no_grad():
                     outs = [model.predict(b) for b in batches]
                 if device == "cuda":
                     torch.cuda.synchronize()
                 return outs
 
-            def ort_loop(batches=np_group):
+            def ort_loop(batches=np_group, graphs=graphs, meta=meta):
                 return [run_loop(graphs, b, meta) for b in batches]
 
             times: dict[str, list[float]] = {"pytorch": [], "onnxruntime": []}
