@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(".dvc") / "tmp" / "repro"  # per-stage logs and the last run's summary (DVC ignores .dvc/tmp)
 DEFAULT_RESOURCES = {"default": {"num_cpus": 1}, "tune": {"num_cpus": 0}}
 POLL_S = 0.5
+STATUS_EVERY_S = 300  # without a terminal (a CI log, nohup): the running stages and ETA this often
 
 
 class ReproError(RuntimeError):
@@ -339,6 +340,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
     todo = sorted(order, key=lambda n: -rank[n])  # a stage only starts once its upstream is done
     ran_upstream: set[str] = set()  # stages that ran: their dependants must be re-checked
     rechecked: set[str] = set()
+    last_status = time.monotonic()
     bar = tqdm(total=len(order), unit="stage", dynamic_ncols=True, disable=not sys.stderr.isatty(),
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} stages {postfix}")
     lock = threading.Lock()
@@ -404,8 +406,13 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                 bar.write(line) if not bar.disable else echo(line)
                 bar.update()
             running = [n for n in nodes.values() if n.state == "running"]
-            bar.set_postfix_str(", ".join(f"{n.name} {_fmt(time.monotonic() - n.started)}" for n in running[:4])
-                                + f" | {eta()}", refresh=True)
+            status = ", ".join(f"{n.name} {_fmt(time.monotonic() - n.started)}" for n in running[:4]) + f" | {eta()}"
+            if not bar.disable:
+                bar.set_postfix_str(status, refresh=True)
+            elif time.monotonic() - last_status >= STATUS_EVERY_S:  # a log, not a terminal: a line now and then
+                last_status = time.monotonic()
+                settled = sum(n.state not in ("waiting", "running") for n in nodes.values())
+                echo(f"[{settled}/{len(order)} stages] running {status}")
     except KeyboardInterrupt:
         for node in nodes.values():
             if node.state == "running":
