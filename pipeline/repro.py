@@ -80,8 +80,9 @@ def _repo(root: Path):
     return repo
 
 
-def plan(root: Path, targets: list[str], jobs: int) -> Plan:
-    """The stages ``targets`` need (all stages when empty), their edges, and what DVC says changed."""
+def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -> Plan:
+    """The stages ``targets`` need (all stages when empty; only the targets with ``single_item``),
+    their edges, and what DVC says changed."""
     import networkx as nx
     from dvc.exceptions import DvcException
 
@@ -91,10 +92,10 @@ def plan(root: Path, targets: list[str], jobs: int) -> Plan:
         if targets:
             scope = set()
             for target in targets:
-                scope.update(repo.stage.collect(target, with_deps=True))
+                scope.update(repo.stage.collect(target, with_deps=not single_item))
         else:
             scope = {s for s in graph.nodes if s.cmd}
-        status = repo.status(targets=targets or None, with_deps=True)
+        status = repo.status(targets=targets or None, with_deps=not single_item)
     except DvcException as err:
         raise ReproError(f"DVC cannot read the pipeline: {err}") from None
     finally:
@@ -468,9 +469,9 @@ def _init_tracking(root: Path) -> None:
 
 
 def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dry: bool = False,
-          echo=print) -> dict[str, Node]:
+          echo=print, single_item: bool = False) -> dict[str, Node]:
     started = time.monotonic()
-    the_plan = plan(root, targets, jobs)
+    the_plan = plan(root, targets, jobs, single_item)
     todo = [n for n in the_plan.order if the_plan.nodes[n].changed]
     if dry:
         for name in todo:
@@ -511,6 +512,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="run each stage as a Ray task on the cluster at ADDRESS (default: auto, the "
                              "cluster `ray start` joined this machine to); the checkout must be at the "
                              "same path on every node")
+    parser.add_argument("-s", "--single-item", action="store_true",
+                        help="only the TARGETs themselves, not the stages they depend on (as dvc repro -s)")
     parser.add_argument("-n", "--dry", action="store_true", help="list the changed stages and run nothing")
     args = parser.parse_args(argv)
 
@@ -520,9 +523,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, interrupted)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give at least 1")
+    if args.single_item and not args.targets:
+        parser.error("--single-item needs the TARGET stages to run")
     try:
         nodes = repro(Path.cwd() if (Path.cwd() / "dvc.yaml").exists() else ROOT, args.targets, args.jobs,
-                      args.ray, args.dry)
+                      args.ray, args.dry, single_item=args.single_item)
     except ReproError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
