@@ -257,6 +257,7 @@ class RayExecutor:
         self.remote = ray.remote(max_retries=0)(_run_on_node)
         self.refs: dict[Any, str] = {}
         self.where = f"Ray cluster at {self.gcs} ({len([n for n in ray.nodes() if n['Alive']])} nodes)"
+        self.jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))  # for the ETA: stages at once, roughly
 
     def fits(self, node: Node) -> bool:
         return True  # Ray queues a task until a node has its resources
@@ -374,19 +375,25 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                     continue
                 # DVC's status before the run holds unless something upstream ran since; then ask
                 # DVC again, once: with its upstream done, the answer cannot change.
-                if node.upstream & ran_upstream and name not in rechecked:
-                    rechecked.add(name)
-                    node.changed = _still_changed(root, name)
-                if not node.changed:
-                    node.state = "up-to-date"
+                try:
+                    if node.upstream & ran_upstream and name not in rechecked:
+                        rechecked.add(name)
+                        node.changed = _still_changed(root, name)
+                    if not node.changed:
+                        node.state = "up-to-date"
+                        todo.remove(name)
+                        bar.update()
+                        continue
+                    if not executor.fits(node):
+                        continue
+                    _remove_outs(root, name)
+                    node.state, node.started = "running", time.monotonic()
+                    executor.start(node, LOG_DIR / f"{name.replace('@', '_')}.log")
+                except Exception as err:  # noqa: BLE001 -- DVC or Ray refusing one stage fails that stage only
+                    node.state, node.note = "failed", f"{type(err).__name__}: {err}"[:300]
                     todo.remove(name)
                     bar.update()
                     continue
-                if not executor.fits(node):
-                    continue
-                _remove_outs(root, name)
-                node.state, node.started = "running", time.monotonic()
-                executor.start(node, LOG_DIR / f"{name.replace('@', '_')}.log")
                 todo.remove(name)
                 bar.write(f"started   {name}") if not bar.disable else echo(f"started   {name}")
             for name, rc, where in executor.finished(POLL_S):
