@@ -147,7 +147,7 @@ def _estimates(root: Path, nodes: dict[str, Node]) -> dict[str, float]:
         summary = root / "runs" / key / "train_summary.json"
         if kind == "train" and summary.exists():
             with contextlib.suppress(ValueError, OSError):
-                out[name] = float(json.loads(summary.read_text()).get("wall_seconds", 0)) or 0.0
+                out[name] = float(json.loads(summary.read_text()).get("train_seconds", 0)) or 0.0
     return out
 
 
