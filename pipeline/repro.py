@@ -91,11 +91,18 @@ def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         if targets:
             scope = set()
+            by_name = {s.addressing: s for s in graph.nodes}
             for target in targets:
-                scope.update(repo.stage.collect(target, with_deps=not single_item))
+                # A stage's name is looked up in the graph; anything else (a dvc.yaml path, an
+                # output) DVC resolves, which takes about a second a target.
+                for stage in [by_name[target]] if target in by_name else repo.stage.collect(target):
+                    scope.add(stage)
+                    if not single_item:  # everything it depends on, from the one graph
+                        scope.update(nx.descendants(graph, stage))
         else:
             scope = {s for s in graph.nodes if s.cmd}
-        status = repo.status(targets=targets or None, with_deps=not single_item)
+        with repo.lock:  # the stages' read locks need it
+            status = {s.addressing for s in scope if s.status()}  # {} when the stage is up to date
     except DvcException as err:
         raise ReproError(f"DVC cannot read the pipeline: {err}") from None
     finally:
