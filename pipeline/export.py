@@ -9,8 +9,9 @@ onnxruntime against PyTorch
      decoder cache (``decode_uncached``) must also give the same tokens without it.
 Tolerances (atol/rtol, per output if given) come from ``params.yaml`` ``models.<name>.parity``;
 ``parity.e2e`` may set looser atol/rtol for float outputs of the whole loop, where a recurrent
-model carries per-step float32 rounding through many steps. Integer outputs (tokens) and decisions
-(the sign of logits) must always match exactly.
+model carries per-step float32 rounding through many steps. Integer outputs (tokens) must always
+match exactly, and decisions (the sign of logits) wherever the reference logit lies beyond that
+float tolerance of zero.
 CPU execution provider always; CUDA too when a CUDA device is visible. Any mismatch writes
 ``parity.json`` and fails the stage.
 """
@@ -99,6 +100,18 @@ def compare(name: str, expected: np.ndarray, actual: np.ndarray, parity: dict) -
             "atol": atol, "rtol": rtol}
 
 
+def compare_decisions(expected: np.ndarray, actual: np.ndarray, band: float) -> dict:
+    """Signs of logits must agree wherever the reference is farther than ``band`` from 0; flips
+    within it (rounding picks the sign there) are counted, not failed."""
+    flipped = (expected > 0) != (actual > 0)
+    near_zero = np.abs(expected) <= band
+    wrong = int((flipped & ~near_zero).sum())
+    out = {"passed": wrong == 0, "mismatches": wrong}
+    if (flipped & near_zero).any():
+        out["flips_within_tolerance_of_zero"] = int((flipped & near_zero).sum())
+    return out
+
+
 def worst(results: list[dict]) -> dict:
     """Fold per-call comparisons into one: failed if any failed, largest errors kept."""
     out = {"passed": all(r["passed"] for r in results)}
@@ -143,10 +156,13 @@ def parity_check(model, onnx_dir: Path, cases: list[tuple[str, dict]], parity: d
         actual = run_loop(ort_graphs, np_batch, meta)
         for key in sorted(set(expected) & set(actual)):
             case["e2e"][key] = compare(key, expected[key], actual[key], {**parity, **parity.get("e2e", {})})
-            # Sign decisions (bits, pixels) must agree exactly; a classifier's ``pred`` is compared itself.
+            # Sign decisions (bits, pixels) must agree exactly wherever the reference logit is farther
+            # from 0 than the loop's float tolerance: within it, float32 rounding picks the sign (a
+            # trained NTM at twice its training length: 6.9e-6 in PyTorch, -1.9e-5 in onnxruntime).
+            # Such flips are counted, not failed. A classifier's ``pred`` is compared itself.
             if key == "logits" and "pred" not in expected:
-                same = (expected[key] > 0) == (actual[key] > 0)
-                case["e2e"]["decisions"] = {"passed": bool(same.all()), "mismatches": int((~same).sum())}
+                band, _ = tolerance({**parity, **parity.get("e2e", {})}, key)
+                case["e2e"]["decisions"] = compare_decisions(expected[key], actual[key], band)
         if hasattr(model, "decode_uncached"):  # a key/value cache must not change a single token
             full = model.decode_uncached(batch)["tokens"].numpy()
             case["e2e"]["uncached_tokens"] = compare("tokens", expected["tokens"], full, parity)

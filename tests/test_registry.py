@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import models
-from pipeline.export import export_onnx, parity_check
+from pipeline.export import compare_decisions, export_onnx, parity_check
 from tests.conftest import TINY, tiny_batch
 
 
@@ -148,6 +148,21 @@ def test_parity_catches_a_changed_model(arch, tmp_path):
             p.add_(0.05 * torch.randn_like(p))
     report = parity_check(model, tmp_path, [("b3", tiny_batch(arch))], {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert not report["passed"]
+
+
+def test_decisions_fail_on_a_clear_flip_and_count_flips_at_rounding_level():
+    import numpy as np
+
+    ref = np.array([[6.9e-6, 2.0, -1.5], [0.3, -4e-3, 1e-2]], dtype=np.float32)
+    # A sign flip of a logit within the band (5e-3) of 0 is rounding: counted, not failed.
+    ort = ref.copy()
+    ort[0, 0], ort[1, 1] = -1.9e-5, 1e-4
+    assert compare_decisions(ref, ort, 5e-3) == {"passed": True, "mismatches": 0, "flips_within_tolerance_of_zero": 2}
+    # Beyond it, one flipped bit fails the gate.
+    ort[1, 2] = -1e-2
+    assert compare_decisions(ref, ort, 5e-3) == {"passed": False, "mismatches": 1, "flips_within_tolerance_of_zero": 2}
+    # No flips: the report is the one written before the band existed (committed parity.json stay valid).
+    assert compare_decisions(ref, ref.copy(), 5e-3) == {"passed": True, "mismatches": 0}
 
 
 def test_config_dataclasses_are_typed():

@@ -1,0 +1,59 @@
+"""The committed ``dvc.lock`` records the code and params in the tree, so its metrics are the code's.
+
+A stage whose recorded dependency hash differs from the file in the tree (a ``models/*.py`` edited
+after the model was trained, a params value changed, a committed metrics file rewritten) means
+the committed numbers were made by other code. DVC reports it in ``dvc status`` as a *modified*
+dependency; a dependency that is only *deleted* (an output the fresh clone's empty cache lacks) is
+not staleness. Fix a stage listed here by re-running it (``attnzoo repro STAGE``) or, when the
+change provably cannot alter its result, by ``dvc commit STAGE`` with the reason in the commit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Stages recorded with older code that the retraining in parts (docs/results.md, "The pipeline from
+# a fresh clone") has not reached yet. The list only shrinks: a listed stage that is current fails
+# the test too, so it is taken off in the same change that brought it up to date.
+KNOWN_STALE = {
+    "export@sat_soft",
+    "publish@draw", "publish@draw_none", "publish@ram", "publish@ram_cluttered", "publish@sat_hard",
+    "publish@sat_soft", "publish@transformer",
+}
+
+
+def stale_stages(root: Path = ROOT) -> dict[str, list[str]]:
+    """``{stage: [what differs]}`` for every stage whose recorded command, code or params differ."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        status = repo.status()
+    stale: dict[str, list[str]] = {}
+    for stage, entries in status.items():
+        for entry in entries:
+            if entry == "changed command":
+                stale.setdefault(stage, []).append("command")
+            if not isinstance(entry, dict):
+                continue
+            for path, state in entry.get("changed deps", {}).items():
+                if isinstance(state, dict):  # params.yaml: {key: "modified" | "new" | "deleted"}
+                    stale.setdefault(stage, []).extend(f"{path}:{key}" for key in state)
+                elif state == "modified":  # "deleted" is an output the empty cache lacks
+                    stale.setdefault(stage, []).append(path)
+    return stale
+
+
+@pytest.mark.slow
+def test_dvc_lock_records_the_code_and_params_in_the_tree():
+    stale = stale_stages()
+    new = {stage: why for stage, why in stale.items() if stage not in KNOWN_STALE}
+    assert not new, ("dvc.lock records other code or params than the tree for: "
+                     + "; ".join(f"{s} ({', '.join(sorted(w))})" for s, w in sorted(new.items()))
+                     + ". Re-run them (attnzoo repro STAGE), or dvc commit STAGE where the change "
+                       "provably cannot alter the result")
+    fixed = KNOWN_STALE - set(stale)
+    assert not fixed, f"now current, take them off KNOWN_STALE: {sorted(fixed)}"
