@@ -137,7 +137,7 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
         subprocess.run([sys.executable, "-m", "pipeline.prepare", run.task], cwd=root, check=True)
         run = resolve("transformer", root=root)
     out_dir = Path(tempfile.mkdtemp(prefix="gpu_check_transformer_"))
-    precision = "bf16" if device == "cuda" else "no"
+    precision = "bf16" if device == "cuda" else "no"  # accelerate's names; "no" is fp32
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", precision, "--dynamo_backend", "no", *([] if device == "cuda" else ["--cpu"]),
            "-m", "pipeline.train", "transformer", "--out", str(out_dir),
@@ -155,7 +155,8 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
     model, _ = load_model(out_dir / "checkpoint" / "last")
     params = sum(p.numel() for p in model.parameters())
     rate = tokens / seconds
-    row = {"steps": summary["steps"], "seconds": seconds, "precision": precision, "params": params,
+    row = {"steps": summary["steps"], "seconds": seconds, "precision": {"no": "fp32"}.get(precision, precision),
+           "params": params,
            "tokens_per_s": round(rate), "batch_size": run.train.batch_size,
            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
     if peak:
