@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KNOWN_STALE = {
     "export@sat_soft",
     "publish@draw", "publish@draw_none", "publish@ram", "publish@ram_cluttered", "publish@sat_hard",
-    "publish@sat_soft", "publish@transformer",
+    "publish@sat_soft",
 }
 
 
