@@ -252,7 +252,9 @@ class RayExecutor:
             check_address(address)
         except RuntimeError as err:
             raise ReproError(str(err)) from None
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        from pipeline.tracking import tracking_uri
+
+        uri = tracking_uri(root)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
                      runtime_env={"env_vars": {"PYTHONPATH": str(root), "MLFLOW_TRACKING_URI": uri}})
@@ -475,7 +477,9 @@ def summarize(nodes: dict[str, Node], wall: float) -> str:
 
 def _init_tracking(root: Path) -> None:
     """Create (migrate) a SQLite MLflow store once, here: stages creating it at once collide."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    from pipeline.tracking import tracking_uri
+
+    uri = tracking_uri(root)
     if uri.startswith("sqlite:"):
         from mlflow.tracking import MlflowClient
 

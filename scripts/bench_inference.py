@@ -87,6 +87,12 @@ def tile(batch: dict, rows: int) -> dict:
     return {k: torch.cat([v] * reps)[:rows] for k, v in batch.items()}
 
 
+def batch_groups(cases: list[tuple[str, dict]]) -> dict[int, list[dict]]:
+    """{1: the parity cases of batch 1, 32: the largest case repeated to 32 rows}."""
+    sized = [(int(next(iter(b.values())).shape[0]), b) for _, b in cases]
+    return {1: [b for n, b in sized if n == 1], 32: [tile(max(sized, key=lambda x: x[0])[1], 32)]}
+
+
 def decisions(out: dict) -> list[np.ndarray] | None:
     """What a user sees of a loop's result, per row: tokens (up to the row's length), else the
     argmax, else the sign of logits."""
@@ -182,8 +188,7 @@ def bench_model(name: str, root: Path, threads: int, repeats: int) -> dict:
     specs = model.export_graphs()
     meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
     cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-    sized = [(int(next(iter(b.values())).shape[0]), b) for _, b in cases]
-    batches = {1: [b for n, b in sized if n == 1], 32: [tile(max(sized, key=lambda x: x[0])[1], 32)]}
+    batches = batch_groups(cases)
     row = {"model": name, "loop": loop_kind(specs), "graphs": {}, "loop_ms": {}, "int8_same": {}}
     with tempfile.TemporaryDirectory() as tmp:
         quantize(folder, list(specs), Path(tmp))

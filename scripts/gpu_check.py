@@ -78,7 +78,7 @@ def parity(names: list[str], root: Path, provider: str) -> dict[str, dict]:
 def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str, dict]:
     """Whole-loop ms (median of ``repeats``), ORT on ``device``'s provider vs PyTorch on ``device``."""
     import torch
-    from bench_inference import latest_graphs, median_ms, tile
+    from bench_inference import batch_groups, latest_graphs, median_ms
 
     from pipeline.checkpoint import load_model
     from pipeline.config import resolve
@@ -93,12 +93,10 @@ def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str,
         specs = model.export_graphs()
         meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
         cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        sized = [(int(next(iter(b.values())).shape[0]), b) for _, b in cases]
         graphs = {g: OrtGraph(latest_graphs(name, root) / f"{g}.onnx", provider=device) for g in specs}
         model = model.to(device)
         row = {}
-        largest = max(sized, key=lambda x: x[0])[1]
-        for size, group in {1: [b for n, b in sized if n == 1], 32: [tile(largest, 32)]}.items():
+        for size, group in batch_groups(cases).items():
             on_device = [{k: v.to(device) for k, v in b.items()} for b in group]
             np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
 
