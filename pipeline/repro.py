@@ -55,6 +55,7 @@ class Node:
     kind: str                  # "train", the part before "@"
     changed: bool              # by the status taken before the run
     slots: int = 1             # local slots it occupies
+    threads: int = 0           # the threads it was given (local runs)
     state: str = "waiting"     # waiting | running | ran | up-to-date | failed | blocked
     started: float = 0.0
     seconds: float = 0.0
@@ -134,6 +135,11 @@ def priorities(the_plan: Plan) -> dict[str, float]:
     return path
 
 
+def _ready(node: Node, nodes: dict[str, Node]) -> bool:
+    """Could start now: every upstream stage has ended well."""
+    return all(nodes[u].state in ("ran", "up-to-date") for u in node.upstream)
+
+
 def _params(root: Path) -> dict:
     return yaml.safe_load((root / "params.yaml").read_text()) or {}
 
@@ -182,9 +188,11 @@ class LocalExecutor:
         return node.slots <= self.free
 
     def start(self, node: Node, log: Path) -> None:
-        threads = max(1, self.cores * node.slots // self.jobs)
+        node.threads = threads = max(1, self.cores * node.slots // self.jobs)
         env = {**os.environ, **_stage_env(self.root, node.name, threads)}
         handle = log.open("wb")
+        handle.write(f"# attnzoo repro: {node.name}, {threads} thread(s)\n".encode())
+        handle.flush()
         proc = subprocess.Popen(node.cmd, shell=True, cwd=self.root, env=env, stdout=handle,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[node.name] = (proc, handle, node.slots)
@@ -277,7 +285,7 @@ class RayExecutor:
         if node.kind == "tune":  # its trials join this cluster instead of starting a local Ray
             env["RAY_ADDRESS"] = self.gcs
         ref = self.remote.options(scheduling_strategy="SPREAD", **opts).remote(
-            node.cmd, str(self.root), env, str(self.root / log))
+            node.cmd, str(self.root), env, str(log))
         self.refs[ref] = node.name
 
     def finished(self, timeout: float) -> list[tuple[str, int, str]]:
@@ -395,16 +403,23 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                         continue
                     if not executor.fits(node):
                         continue
+                    if not any(_ready(nodes[other], nodes) for other in todo if other != name):
+                        # Nothing else can start until a running stage ends: this one takes every
+                        # free slot, so the graph's narrow parts (a long training alone at the
+                        # end) do not leave cores idle.
+                        node.slots = max(node.slots, getattr(executor, "free", node.slots))
                     _remove_outs(root, name)
                     node.state, node.started = "running", time.monotonic()
-                    executor.start(node, LOG_DIR / f"{name.replace('@', '_')}.log")
+                    executor.start(node, root / LOG_DIR / f"{name.replace('@', '_')}.log")
                 except Exception as err:  # noqa: BLE001 -- DVC or Ray refusing one stage fails that stage only
                     node.state, node.note = "failed", f"{type(err).__name__}: {err}"[:300]
                     todo.remove(name)
                     bar.update()
                     continue
                 todo.remove(name)
-                bar.write(f"started   {name}") if not bar.disable else echo(f"started   {name}")
+                line = f"started   {name}" + (f"  ({node.threads} thread{'s' * (node.threads > 1)})"
+                                                 if node.threads else "")
+                bar.write(line) if not bar.disable else echo(line)
             for name, rc, where in executor.finished(POLL_S):
                 node = nodes[name]
                 node.seconds, node.where = time.monotonic() - node.started, where
@@ -446,8 +461,8 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
 
 
 def _write_summary(root: Path, nodes: dict[str, Node]) -> None:
-    rows = {n.name: {"state": n.state, "seconds": round(n.seconds, 1), "where": n.where, "note": n.note}
-            for n in nodes.values()}
+    rows = {n.name: {"state": n.state, "seconds": round(n.seconds, 1), "where": n.where, "note": n.note,
+                     **({"threads": n.threads} if n.threads else {})} for n in nodes.values()}
     (root / LOG_DIR / "summary.json").write_text(json.dumps(rows, indent=1, sort_keys=True))
 
 
