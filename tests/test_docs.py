@@ -5,8 +5,11 @@ exist in the repository."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from serving.client import LocalClient
 from tests.conftest import ROOT
@@ -51,3 +54,15 @@ def test_docs_link_only_to_files_in_the_repository():
             continue
         text = path.read_text()
         assert "DESIGN §" not in text and "../shared" not in text and "../DATA.md" not in text, path
+
+
+def test_results_table_is_generated_from_the_committed_metrics():
+    # docs/results.md's table of every entry is scripts/results_table.py's output for the
+    # committed runs/*/metrics.json: a retrained model's numbers cannot drift from it.
+    done = subprocess.run([sys.executable, "scripts/results_table.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = (ROOT / "docs" / "results.md").read_text().split("<!-- results_table: start -->")[1].split("<!--")[0]
+    entries = yaml.safe_load((ROOT / "params.yaml").read_text())["models"]
+    assert table.count("\n| `") == len(entries)
+    assert "| `bahdanau` | `translation_de_en` | `bleu_beam` | >= 12 |" in table
