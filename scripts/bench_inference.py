@@ -49,10 +49,18 @@ def machine() -> str:
 
 
 def latest_graphs(name: str, root: Path) -> Path | None:
+    """The graphs a server would answer with: the model's default version (the server's own rule,
+    ``serving.repository.default_version``), else the export stage's ``runs/<name>/onnx``."""
+    from serving.repository import VERSION_RE, default_version
+
     versions = root / "model_repository" / name
-    numbered = sorted((int(p.name), p) for p in versions.glob("*") if p.name.isdecimal()) if versions.is_dir() else []
-    if numbered:
-        return numbered[-1][1]
+    metas = {}
+    for folder in (versions.iterdir() if versions.is_dir() else []):
+        if VERSION_RE.match(folder.name) and (folder / "metadata.json").exists():
+            metas[int(folder.name)] = json.loads((folder / "metadata.json").read_text())
+    chosen, _ = default_version(metas) if metas else (None, "")
+    if chosen is not None:
+        return versions / str(chosen)
     onnx = root / "runs" / name / "onnx"
     return onnx if onnx.is_dir() else None
 
