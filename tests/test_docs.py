@@ -66,3 +66,45 @@ def test_results_table_is_generated_from_the_committed_metrics():
     entries = yaml.safe_load((ROOT / "params.yaml").read_text())["models"]
     assert table.count("\n| `") == len(entries)
     assert "| `bahdanau` | `translation_de_en` | `bleu_beam` | >= 12 |" in table
+
+
+def _readme_commands() -> list[list[str]]:
+    """Every command line in the README's bash code blocks, split as the shell would (comments off)."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_readme_command_names_real_commands_options_and_entries():
+    # The README's code blocks drift when a command or option is renamed: each `attnzoo` line must
+    # name a command, options its --help lists and params.yaml entries; each `dvc repro` target a
+    # stage of dvc.yaml; each `make` target a Makefile rule.
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    entries = set(params["models"])
+    stages = set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
+    makefile = (ROOT / "Makefile").read_text()
+    commands = _readme_commands()
+    assert len(commands) >= 15, commands
+    helps: dict[str, str] = {}
+    for argv in commands:
+        if argv[0] == "attnzoo":
+            if argv[1].startswith("-"):
+                continue  # attnzoo --help / --version: tests/test_cli.py
+            if argv[1] not in helps:
+                done = subprocess.run([sys.executable, "-m", "pipeline.cli", argv[1], "--help"], cwd=ROOT,
+                                      capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, (argv, done.stderr)
+                helps[argv[1]] = done.stdout
+            for option in (a.split("=", 1)[0] for a in argv[2:] if a.startswith("--")):
+                assert option in helps[argv[1]], (argv, option)
+            if argv[1] in {"train", "evaluate", "export", "publish", "predict"}:
+                assert argv[2] in entries, argv
+        elif argv[0] == "dvc" and argv[1] == "repro":
+            for target in argv[2:]:
+                kind, _, key = target.partition("@")
+                assert kind in stages and key in entries | set(params["tasks"]), argv
+        elif argv[0] == "make":
+            assert re.search(rf"^{re.escape(argv[1])}:", makefile, flags=re.M), argv
