@@ -9,7 +9,7 @@ one step, the paper's baseline, with the same parameters.
 
 The loop stops early once every row has halted (later steps would get p = 0). The exported graph
 keeps that exit: an ONNX ``Loop`` (``torch.while_loop``) runs the steps the batch needs, not
-``max_steps`` (a trained model halts after about 5 of 20), so ONNX Runtime does no work PyTorch skips.
+``max_steps`` (the trained model halts within 5 of 20), so ONNX Runtime does no work PyTorch skips.
 
 Dimension legend
     B batch, I input size, H hidden units, O outputs, S ponder steps run (≤ max_steps).
@@ -49,59 +49,28 @@ class ACT(nn.Module):
         nn.init.constant_(self.halt.bias, cfg.halt_bias)
         self.out = nn.Linear(cfg.hidden, cfg.output_size)
 
-    def _heads(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The input weights without the first-step flag column, and the halting unit and the output
-        layer as one matrix: one product per step gives h^n's logit and the step's output."""
-        w_x = self.cell.weight_ih[:, :-1]  # [H,I]; the last column multiplies the flag δ_n1
-        heads_w = torch.cat([self.halt.weight, self.out.weight])  # [1+O,H]
-        heads_b = torch.cat([self.halt.bias, self.out.bias])  # [1+O]
-        return w_x, heads_w, heads_b
-
-    def _first(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x is the same at every ponder step, so its projection is computed once. Returns the drive
-        W x + b [B,H], the first state s^1 (flag set, s^0 = 0) and its heads [B,1+O]."""
-        w_x, heads_w, heads_b = self._heads()
-        drive = F.linear(x, w_x, self.cell.bias_ih + self.cell.bias_hh)  # [B,I] -> [B,H]
-        s = torch.tanh(drive + self.cell.weight_ih[:, -1])  # U s^0 = 0
-        return drive, s, F.linear(s, heads_w, heads_b)
-
-    def _step(self, drive: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
-        """s^n = tanh(W x + b + U s^{n-1}) (flag 0) and its heads [B,1+O]."""
-        _, heads_w, heads_b = self._heads()
-        s = torch.tanh(drive + F.linear(s, self.cell.weight_hh))  # [B,H]
-        return s, F.linear(s, heads_w, heads_b)
-
-    def _finish(self, heads: Tensor, limit: int) -> dict[str, Tensor]:
-        """heads [B,S,1+O] of the S steps run (zero after them) -> the outputs of :meth:`run`."""
-        cfg = self.cfg
-        halt = torch.sigmoid(heads[..., 0])  # [B,S]
-        if cfg.act:
-            # A batch stops early only once every row has halted, so forcing a halt at the last
-            # column changes nothing then; at the step limit it is the paper's rule.
-            p, steps, remainder = act_halting(halt, cfg.eps, force_last=True)
-        else:
-            # one step: p = 1 there (the exported graph's buffer has max_steps columns)
-            p = torch.cat([torch.ones_like(halt[:, :1]), torch.zeros_like(halt[:, 1:])], 1)
-            steps, remainder = torch.ones_like(halt[:, 0]), torch.zeros_like(halt[:, 0])
-        logits = (p.unsqueeze(-1) * heads[..., 1:]).sum(1)  # [B,S,1]*[B,S,O] -> [B,O]
-        p = F.pad(p, (0, cfg.max_steps - p.shape[1]))  # [B,max_steps]
-        return {"logits": logits, "halting": p, "ponder": steps + remainder, "steps": steps}
-
     def run(self, x: Tensor) -> dict[str, Tensor]:
         """x [B,I] -> logits [B,O], halting distribution p [B,max_steps] (zero-padded), ponder
         N + R [B] and steps N [B]. Stops once every row has halted."""
         cfg = self.cfg
         limit = cfg.max_steps if cfg.act else 1
-        drive, s, head = self._first(x)
-        heads = [head]
-        total = torch.sigmoid(head[:, 0])  # Σ h so far [B], added in step order as act_halting's cumsum
-        for _ in range(1, limit):
-            if bool((total >= 1 - cfg.eps).all()):
+        first = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        s = x.new_zeros(x.shape[0], cfg.hidden)
+        halts, outs = [], []
+        for n in range(limit):
+            s = self.cell(torch.cat([x, first if n == 0 else torch.zeros_like(first)], dim=-1), s)  # [B,H]
+            halts.append(torch.sigmoid(self.halt(s)).squeeze(-1))  # [B]
+            outs.append(self.out(s))  # [B,O]
+            if n + 1 < limit and bool((torch.stack(halts, 1).sum(1) >= 1 - cfg.eps).all()):
                 break
-            s, head = self._step(drive, s)
-            heads.append(head)
-            total = total + torch.sigmoid(head[:, 0])
-        return self._finish(torch.stack(heads, 1), limit)  # S x [B,1+O] -> [B,S,1+O]
+        halt = torch.stack(halts, dim=1)  # S x [B] -> [B,S]
+        if cfg.act:
+            p, steps, remainder = act_halting(halt, cfg.eps, force_last=halt.shape[1] == limit)
+        else:
+            p, steps, remainder = torch.ones_like(halt), torch.ones_like(halt[:, 0]), torch.zeros_like(halt[:, 0])
+        logits = (p.unsqueeze(-1) * torch.stack(outs, dim=1)).sum(1)  # [B,S,1]*[B,S,O] -> [B,O]
+        p = F.pad(p, (0, cfg.max_steps - p.shape[1]))  # [B,max_steps]
+        return {"logits": logits, "halting": p, "ponder": steps + remainder, "steps": steps}
 
     # ---- model contract --------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -128,8 +97,9 @@ class ACT(nn.Module):
 
 
 class _Full(nn.Module):
-    """:meth:`ACT.run` with the ponder loop as ``torch.while_loop`` (exported as an ONNX ``Loop``):
-    each step's heads go into column n of a [B,max_steps,1+O] buffer, zero beyond the steps run."""
+    """:meth:`ACT.run` with its ponder loop as ``torch.while_loop`` (an ONNX ``Loop``): the same
+    step, each step's halting value and output written to column n of [B,max_steps] buffers that
+    stay zero beyond the steps run (where p is 0 anyway)."""
 
     def __init__(self, model: ACT):
         super().__init__()
@@ -138,20 +108,32 @@ class _Full(nn.Module):
     def forward(self, x: Tensor):
         model, cfg = self.model, self.model.cfg
         limit = cfg.max_steps if cfg.act else 1
-        drive, s, head = model._first(x)
-        column = torch.arange(cfg.max_steps, device=x.device).view(1, -1, 1)  # [1,S,1]
-        heads = torch.where(column == 0, head.unsqueeze(1), torch.zeros_like(head).unsqueeze(1))  # [B,S,1+O]
-        total = torch.sigmoid(head[:, 0])  # Σ h so far [B], summed in step order as cumsum does
+        flag = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)  # δ_n1 [B,1]
+        s = model.cell(torch.cat([x, flag], dim=-1), x.new_zeros(x.shape[0], cfg.hidden))  # [B,H]
+        h = torch.sigmoid(model.halt(s)).squeeze(-1)  # [B]
+        column = torch.arange(cfg.max_steps, device=x.device).view(1, -1)  # [1,S]
+        halts = torch.where(column == 0, h.unsqueeze(1), torch.zeros_like(h).unsqueeze(1))  # [B,S]
+        o = model.out(s).unsqueeze(1)  # [B,O] -> [B,1,O]
+        outs = torch.where(column.unsqueeze(-1) == 0, o, torch.zeros_like(o))  # [B,S,O]
         n = torch.ones((), dtype=torch.long, device=x.device)
 
-        def more(n, s, total, heads):
+        def more(n, s, total, halts, outs):
             return (n < limit) & ~(total >= 1 - cfg.eps).all()
 
-        def step(n, s, total, heads):
-            s, head = model._step(drive, s)
-            heads = torch.where(column == n, head.unsqueeze(1), heads)  # [B,1,1+O] into column n
-            return n + 1, s, total + torch.sigmoid(head[:, 0]), heads
+        def step(n, s, total, halts, outs):
+            s = model.cell(torch.cat([x, torch.zeros_like(flag)], dim=-1), s)  # [B,H]
+            h = torch.sigmoid(model.halt(s)).squeeze(-1)  # [B]
+            halts = torch.where(column == n, h.unsqueeze(1), halts)  # into column n
+            outs = torch.where((column == n).unsqueeze(-1), model.out(s).unsqueeze(1), outs)
+            return n + 1, s, total + h, halts, outs
 
-        _, _, _, heads = torch.while_loop(more, step, (n, s, total, heads))
-        out = model._finish(heads, limit)
-        return out["logits"], out["halting"], out["ponder"], out["steps"], (out["logits"] > 0).long()
+        _, _, _, halts, outs = torch.while_loop(more, step, (n, s, h, halts, outs))
+        if cfg.act:
+            # The loop ends early only once every row has halted, so a halt forced at the last
+            # column changes nothing then; at the step limit it is run()'s rule.
+            p, steps, remainder = act_halting(halts, cfg.eps, force_last=True)
+        else:  # one step: p = 1 there
+            p = torch.where(column == 0, torch.ones_like(halts), torch.zeros_like(halts))
+            steps, remainder = torch.ones_like(halts[:, 0]), torch.zeros_like(halts[:, 0])
+        logits = (p.unsqueeze(-1) * outs).sum(1)  # [B,S,1]*[B,S,O] -> [B,O]
+        return logits, p, steps + remainder, steps, (logits > 0).long()
