@@ -391,8 +391,11 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                 if any(u.state in ("waiting", "running") for u in ups):
                     continue
                 # DVC's status before the run holds unless something upstream ran since; then ask
-                # DVC again, once: with its upstream done, the answer cannot change.
+                # DVC again, once, when a slot is free for it: with its upstream done only another
+                # `dvc repro` / `attnzoo repro` can change the answer, and asking last sees its work.
                 try:
+                    if node.changed and not executor.fits(node):
+                        continue
                     if node.upstream & ran_upstream and name not in rechecked:
                         rechecked.add(name)
                         node.changed = _still_changed(root, name)
@@ -401,7 +404,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                         todo.remove(name)
                         bar.update()
                         continue
-                    if not executor.fits(node):
+                    if not executor.fits(node):  # found changed only now
                         continue
                     if not any(_ready(nodes[other], nodes) for other in todo if other != name):
                         # Nothing else can start until a running stage ends: this one takes every
