@@ -51,16 +51,17 @@ def machine() -> str:
 def latest_graphs(name: str, root: Path) -> Path | None:
     """The graphs a server would answer with: the model's default version (the server's own rule,
     ``serving.repository.default_version``), else the export stage's ``runs/<name>/onnx``."""
-    from serving.repository import VERSION_RE, default_version
+    from serving.client import LocalClient, LocalError
+    from serving.repository import default_version
 
-    versions = root / "model_repository" / name
-    metas = {}
-    for folder in (versions.iterdir() if versions.is_dir() else []):
-        if VERSION_RE.match(folder.name) and (folder / "metadata.json").exists():
-            metas[int(folder.name)] = json.loads((folder / "metadata.json").read_text())
+    local = LocalClient(root / "model_repository")
+    try:
+        metas = local._versions(name)  # each published version's metadata.json, as --local reads them
+    except LocalError:  # nothing published under that name
+        metas = {}
     chosen, _ = default_version(metas) if metas else (None, "")
     if chosen is not None:
-        return versions / str(chosen)
+        return local.root / name / str(chosen)
     onnx = root / "runs" / name / "onnx"
     return onnx if onnx.is_dir() else None
 
