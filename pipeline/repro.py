@@ -359,6 +359,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
     todo = sorted(order, key=lambda n: -rank[n])  # a stage only starts once its upstream is done
     ran_upstream: set[str] = set()  # stages that ran: their dependants must be re-checked
     rechecked: set[str] = set()
+    early: set[str] = set()  # multi-slot stages re-checked before a slot set was free for them
     last_status = time.monotonic()
     bar = tqdm(total=len(order), unit="stage", dynamic_ncols=True, disable=not sys.stderr.isatty(),
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} stages {postfix}")
@@ -395,7 +396,17 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                 # `dvc repro` / `attnzoo repro` can change the answer, and asking last sees its work.
                 try:
                     if node.changed and not executor.fits(node):
-                        continue
+                        # A stage of several slots (a tune@ with a search space) may wait long for
+                        # them, behind a training that started meanwhile; if its upstream re-made
+                        # identical outputs (a prepare@ in a fresh clone) DVC says it is up to date
+                        # and what depends on it can start now: ask once, early, as well.
+                        if node.slots > 1 and node.upstream & ran_upstream and name not in early:
+                            early.add(name)
+                            node.changed = _still_changed(root, name)
+                            if not node.changed:  # settled: its upstream has ended
+                                rechecked.add(name)
+                        if node.changed:
+                            continue
                     if node.upstream & ran_upstream and name not in rechecked:
                         rechecked.add(name)
                         node.changed = _still_changed(root, name)

@@ -59,3 +59,24 @@ def test_a_failure_blocks_only_its_downstream(tmp_path, no_dvc):
         "train@x": "failed", "evaluate@x": "blocked", "train@y": "ran", "evaluate@y": "ran"}
     assert nodes["train@x"].note == "exit code 3"
     assert "train@x (exit code 3)" in repro.summarize(nodes, 1.0)
+
+
+def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_training(tmp_path, monkeypatch):
+    # A fresh clone: prepare@t re-makes its data identically, so tune@x (a search: every slot) is
+    # up to date. While train@y holds one of the two slots, tune@x must be found up to date at
+    # once and train@x start beside train@y, not after it.
+    monkeypatch.setattr(repro, "_remove_outs", lambda root, name: None)
+    monkeypatch.setattr(repro, "_commit", lambda root, name: None)
+    monkeypatch.setattr(repro, "_still_changed", lambda root, name: name != "tune@x")
+    stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
+    cmd = {"prepare@t": "sleep 0.5", "train@x": stamp.format(tmp_path, "train_x", "start"),
+           "train@y": f"{stamp.format(tmp_path, 'train_y', 'start')}; sleep 4; "
+                      f"{stamp.format(tmp_path, 'train_y', 'end')}"}
+    graph = {"prepare@t": set(), "train@y": set(), "tune@x": {"prepare@t"}, "train@x": {"tune@x"}}
+    plan = _plan(tmp_path, graph, cmd)
+    plan.nodes["tune@x"].slots = 2
+    nodes = repro.execute(tmp_path, plan, repro.LocalExecutor(tmp_path, jobs=2), echo=lambda line: None)
+    assert {name: n.state for name, n in nodes.items()} == {
+        "prepare@t": "ran", "train@y": "ran", "tune@x": "up-to-date", "train@x": "ran"}
+    started_x = float((tmp_path / "train_x.start").read_text())
+    assert started_x < float((tmp_path / "train_y.end").read_text()) - 1.0
