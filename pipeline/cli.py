@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-STAGES = ["prepare", "tune", "train", "evaluate", "export", "publish", "report"]
+STAGES = ["prepare", "tune", "train", "evaluate", "export", "quantize", "publish", "report"]
 # no torch behind these; "module:function" when the command is not the module's main()
 SERVING = {"serve": "serving.server", "predict": "serving.client", "translate": "serving.client:translate_main"}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
@@ -32,6 +32,7 @@ DESCRIPTIONS = {
     "train": "train a model entry with Accelerate, 1 process or many (train@MODEL)",
     "evaluate": "score a trained model on its task's test set (evaluate@MODEL)",
     "export": "export a trained model to ONNX and check parity with PyTorch (export@MODEL)",
+    "quantize": "make an int8 variant of the exported graphs and gate its test metrics against fp32 (quantize@MODEL)",
     "publish": "publish an exported model as a versioned, servable artifact (publish@MODEL)",
     "report": "write a task's comparison table and plots (report@TASK)",
     "list": "list the model entries: task, bar status, published versions",

@@ -8,10 +8,11 @@ and for the whole inference loop, at batch 1 and batch 32, for every model train
 Inputs: a model's graphs come from its newest published version (``model_repository/<name>/<v>/``,
 else ``runs/<name>/onnx``), PyTorch from ``runs/<name>/checkpoint/best``, the batches from the task's
 parity cases on the prepared test data: *batch 1* sums the batch-1 cases, *batch 32* is the
-largest case repeated to 32 rows. The int8 graphs are made here with onnxruntime's dynamic
-quantisation (``quantize_dynamic``, int8 weights, MatMul/Gemm/LSTM/GRU/Attention) into a temporary
-folder: a speed figure, not a published variant; ``int8 same`` is the share of rows whose tokens
-(or argmax) equal the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
+largest case repeated to 32 rows. The int8 graphs are remade here into a temporary folder with the
+recipe of ``quantize@<model>`` (``pipeline.quantize.quantize_graphs``: onnxruntime's dynamic
+quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
+``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
+the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
 noisy: compare within one row); the figure is the median of the repeats, in ms.
 """
 
@@ -64,27 +65,6 @@ def latest_graphs(name: str, root: Path) -> Path | None:
         return local.root / name / str(chosen)
     onnx = root / "runs" / name / "onnx"
     return onnx if onnx.is_dir() else None
-
-
-def quantize(folder: Path, graphs: list[str], out: Path) -> None:
-    """onnxruntime's recipe: shape inference and graph optimisation (``quant_pre_process``), then
-    dynamic quantisation. Tensors it cannot quantise (float64 ones, say) stay float: ORT logs each
-    on the root logger, which is quietened here."""
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    out.mkdir(parents=True, exist_ok=True)
-    root_logger = logging.getLogger()
-    level, root_logger.level = root_logger.level, logging.ERROR
-    try:
-        for graph in graphs:
-            pre = out / f"{graph}.pre.onnx"
-            quant_pre_process(str(folder / f"{graph}.onnx"), str(pre), skip_symbolic_shape=True)
-            quantize_dynamic(str(pre), str(out / f"{graph}.onnx"), weight_type=QuantType.QInt8)
-    finally:
-        root_logger.level = level
 
 
 def tile(batch: dict, rows: int) -> dict:
@@ -190,8 +170,9 @@ def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict
     import torch
 
     from pipeline.checkpoint import load_model
-    from pipeline.config import resolve
+    from pipeline.config import load_params, resolve
     from pipeline.graphs import loop_kind
+    from pipeline.quantize import quantize_graphs, settings
     from pipeline.tasks import get_task
     from serving.runtime import OrtGraph
 
@@ -204,7 +185,8 @@ def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict
     batches = batch_groups(cases)
     row = {"model": name, "loop": loop_kind(specs), "by_threads": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        quantize(folder, list(specs), Path(tmp))
+        # the int8 variant quantize@<model> makes (runs/<name>/int8), remade here from the graphs timed
+        quantize_graphs(folder, list(specs), Path(tmp), settings(name, load_params(root))["op_types"])
         for t in threads:
             torch.set_num_threads(t)
             engines = {"fp32": {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=t) for g in specs},
