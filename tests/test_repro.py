@@ -59,10 +59,11 @@ def test_parallel_run_with_a_failure_resumes_and_leaves_dvc_nothing_to_do(tmp_pa
     assert first.returncode == 1, first.stdout + first.stderr
     states = summary(repo)
     assert states["train@pointer_sort"]["state"] == "failed", states["train@pointer_sort"]
-    for stage in ("evaluate@pointer_sort", "export@pointer_sort", "publish@pointer_sort", "report@sort"):
+    for stage in ("evaluate@pointer_sort", "export@pointer_sort", "quantize@pointer_sort", "publish@pointer_sort",
+                  "report@sort"):
         assert states[stage]["state"] == "blocked", (stage, states[stage])
     for name, task in (("rnn_parity", "parity"), ("ntm", "copy")):
-        for kind in ("prepare", "tune", "train", "evaluate", "export", "publish", "report"):
+        for kind in ("prepare", "tune", "train", "evaluate", "export", "quantize", "publish", "report"):
             stage = f"{kind}@{task}" if kind in ("prepare", "report") else f"{kind}@{name}"
             assert states[stage]["state"] == "ran", (stage, states[stage])
     assert "failed: train@pointer_sort" in first.stdout and "train_pointer_sort.log" in first.stdout, first.stdout
@@ -74,7 +75,8 @@ def test_parallel_run_with_a_failure_resumes_and_leaves_dvc_nothing_to_do(tmp_pa
     assert second.returncode == 0, second.stdout + second.stderr
     ran = {stage for stage, row in summary(repo).items() if row["state"] == "ran"}
     assert {"train@pointer_sort", "publish@pointer_sort", "report@sort"} <= ran, ran
-    branch = {f"{k}@pointer_sort" for k in ("tune", "train", "evaluate", "export", "publish")} | {"report@sort"}
+    kinds = ("tune", "train", "evaluate", "export", "quantize", "publish")
+    branch = {f"{k}@pointer_sort" for k in kinds} | {"report@sort"}
     assert ran <= branch, ran
 
     # dvc.lock is what `dvc repro` writes: DVC finds nothing to do, and neither does the runner.
