@@ -216,8 +216,8 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     lines = [START, "",
              f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {machine()}; "
              f"median of {repeats} repeats, ms. Speed-up = eager / ORT (> 1: ONNX Runtime faster). int8: dynamic "
-             "quantisation made by the script (not a published variant); *same* = rows whose tokens / argmax "
-             "equal fp32's.", ""]
+             "quantisation with the quantize@ stage's recipe, remade by the script; *same* = rows whose tokens / "
+             "argmax equal fp32's.", ""]
     if len(threads) > 1:
         lines += ["Each engine at its fastest thread count on this machine (the count in brackets): how a user "
                   "would run either. Bar: ≥ 1.5× for a looping model and ≥ 1.3× for a single graph at batch 1, "
