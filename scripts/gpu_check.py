@@ -1,21 +1,27 @@
 """GPU readiness check (run by scripts/gpu_check.sh on a machine with a CUDA device).
 
-1. Parity of every model trained and published in this checkout on the CUDA execution provider (and
-   TensorRT's, when onnxruntime has it): the export stage's own gate (``pipeline.export.parity_check``).
-2. Whole-loop inference time, ONNX Runtime on CUDA vs PyTorch on CUDA, batch 1 and batch 32
-   (the cases of ``scripts/bench_inference.py``).
+1. Parity of every model trained and published in this checkout on the CUDA execution provider: the
+   export stage's own gate (``pipeline.export.parity_check``), twice: with TF32 off (``use_tf32=0``:
+   fp32 arithmetic, what the gate's fp32 tolerances are for) and with onnxruntime's default, which
+   lets MatMul/Conv run in TF32 on Ampere and later GPUs (about 1e-3 relative error). Each row keeps
+   the largest graph-output error and whether the end-to-end outputs (tokens, decisions) still agree.
+2. Whole-loop inference time, ONNX Runtime on CUDA (both settings) vs PyTorch on CUDA, batch 1 and
+   batch 32 (the cases of ``scripts/bench_inference.py``).
 3. The Transformer trained for ``--steps`` steps with bf16 autocast through ``accelerate launch``:
    tokens/s and model FLOPs utilisation, MFU = 6 · parameters · (source + target tokens)/s over the
-   device's dense bf16 peak (an upper estimate of the work: each parameter sees one side only).
+   device's dense bf16 peak (an upper estimate of the work: each parameter sees one side only). The
+   rate is the steady state, read from the MLflow timestamps of the logged training steps (start-up,
+   first-step kernel selection and the final validation excluded); the whole run's rate is kept too.
 
-``--device cpu`` runs the same three checks on the CPU (CPU execution provider, fp32 training):
-a rehearsal of the code path on a machine without a GPU, not a GPU figure.
+``--device cpu`` runs the same checks on the CPU (CPU execution provider, fp32 training): a rehearsal
+of the code path on a machine without a GPU, not a GPU figure.
 Writes ``docs/gpu_check.json`` with ``--write``; prints a Markdown summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -52,8 +58,39 @@ def trained_models(root: Path) -> list[str]:
     return [n for n in names if (root / "runs" / n / "checkpoint" / "best").is_dir() and latest_graphs(n, root)]
 
 
+# onnxruntime's CUDA EP options per setting checked; None: the EP's defaults.
+CUDA_SETTINGS = {"fp32": {"use_tf32": "0"}, "tf32": None}
+
+
+@contextlib.contextmanager
+def cuda_options(options: dict | None):
+    """Every session ``serving.runtime`` opens in this block asks for the CUDA EP with ``options``.
+    The server opens it with onnxruntime's defaults (TF32 allowed); this check also needs the fp32
+    setting, and ``providers()`` is the one place the list is made, so it is wrapped, not copied."""
+    import serving.runtime as rt
+
+    plain = rt.providers
+    if options is not None:
+        rt.providers = lambda requested="auto": [(p, options) if p == "CUDAExecutionProvider" else p
+                                                 for p in plain(requested)]
+    try:
+        yield
+    finally:
+        rt.providers = plain
+
+
+def summarise(rep: dict) -> dict:
+    """A parity report folded to a row: passed, the largest graph-output error, and whether the
+    end-to-end comparisons (tokens, decisions, values) all passed."""
+    graph_errors = [r.get("max_abs", 0.0) for case in rep["cases"] for g in case["graphs"].values()
+                    for r in g["outputs"].values()]
+    return {"provider": rep["provider"], "passed": rep["passed"], "cases": len(rep["cases"]),
+            "max_abs": max(graph_errors, default=0.0),
+            "e2e_passed": all(r["passed"] for case in rep["cases"] for r in case["e2e"].values())}
+
+
 def parity(names: list[str], root: Path, provider: str) -> dict[str, dict]:
-    """The export gate on ``provider`` for each model: passed, cases, the worst output."""
+    """The export gate on ``provider`` for each model (see :func:`summarise`)."""
     from bench_inference import latest_graphs
 
     from pipeline.checkpoint import load_model
@@ -67,16 +104,18 @@ def parity(names: list[str], root: Path, provider: str) -> dict[str, dict]:
         model, _ = load_model(run.run_dir / "checkpoint" / "best")
         cases = get_task(run.task).model_parity_batches(model, run.data_dir)
         try:
-            rep = parity_check(model, latest_graphs(name, root), cases, run.parity, provider)
-            out[name] = {"provider": rep["provider"], "passed": rep["passed"], "cases": len(rep["cases"])}
+            out[name] = summarise(parity_check(model, latest_graphs(name, root), cases, run.parity, provider))
         except Exception as err:  # noqa: BLE001 -- one model's failure is a row, not the end of the check
             out[name] = {"provider": provider, "passed": False, "error": f"{type(err).__name__}: {err}"[:300]}
         print(f"parity {name}: {out[name]}", file=sys.stderr, flush=True)
     return out
 
 
-def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str, dict]:
-    """Whole-loop ms (median of ``repeats``), ORT on ``device``'s provider vs PyTorch on ``device``."""
+def timing(names: list[str], root: Path, device: str, repeats: int, settings: dict) -> dict[str, dict]:
+    """Whole-loop ms (median of ``repeats``), ORT on ``device``'s provider under each of ``settings``
+    (CUDA EP options) vs PyTorch on ``device``."""
+    from functools import partial
+
     import torch
     from bench_inference import batch_groups, latest_graphs, median_ms
 
@@ -93,7 +132,11 @@ def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str,
         specs = model.export_graphs()
         meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
         cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        graphs = {g: OrtGraph(latest_graphs(name, root) / f"{g}.onnx", provider=device) for g in specs}
+        graph_sets = {}
+        for setting, options in settings.items():
+            with cuda_options(options):
+                graph_sets[setting] = {g: OrtGraph(latest_graphs(name, root) / f"{g}.onnx", provider=device)
+                                       for g in specs}
         model = model.to(device)
         row = {}
         for size, group in batch_groups(cases).items():
@@ -107,20 +150,38 @@ def timing(names: list[str], root: Path, device: str, repeats: int) -> dict[str,
                     torch.cuda.synchronize()
                 return outs
 
-            def ort_loop(batches=np_group, graphs=graphs, meta=meta):
+            def ort_loop(graphs, batches=np_group, meta=meta):
                 return [run_loop(graphs, b, meta) for b in batches]
 
-            times: dict[str, list[float]] = {"pytorch": [], "onnxruntime": []}
-            torch_loop(), ort_loop()  # warm-up: kernels, allocator, cuDNN autotuning
+            loops = {"pytorch": torch_loop}
+            for setting, graphs in graph_sets.items():
+                loops[f"onnxruntime_{setting}"] = partial(ort_loop, graphs)
+            times: dict[str, list[float]] = {k: [] for k in loops}
+            for fn in loops.values():
+                fn()  # warm-up: kernels, allocator, cuDNN autotuning
             for _ in range(repeats):
-                for key, fn in (("pytorch", torch_loop), ("onnxruntime", ort_loop)):
+                for key, fn in loops.items():
                     start = time.perf_counter()
                     fn()
                     times[key].append(time.perf_counter() - start)
             row[size] = {k: median_ms(v) for k, v in times.items()}
-        out[name] = {"provider": graphs[next(iter(specs))].provider, **row}
+        first = next(iter(graph_sets.values()))
+        out[name] = {"provider": first[next(iter(specs))].provider, **row}
         print(f"timing {name}: {out[name]}", file=sys.stderr, flush=True)
     return out
+
+
+def logged_steps(tracking_uri: str) -> tuple[int, float] | None:
+    """(steps, seconds) between the first and the last ``train_loss`` logged by the one training run
+    in ``tracking_uri``: the steady state, without start-up and the final validation."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = sorted(client.get_metric_history(runs[0].info.run_id, "train_loss"), key=lambda m: m.step)
+    if len(history) < 2:
+        return None
+    return history[-1].step - history[0].step, (history[-1].timestamp - history[0].timestamp) / 1000
 
 
 def train_transformer(root: Path, device: str, steps: int, peak: float | None) -> dict:
@@ -136,29 +197,36 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
         run = resolve("transformer", root=root)
     out_dir = Path(tempfile.mkdtemp(prefix="gpu_check_transformer_"))
     precision = "bf16" if device == "cuda" else "no"  # accelerate's names; "no" is fp32
+    log_every = max(1, steps // 10)  # ten logged steps: the steady-state window
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", precision, "--dynamo_backend", "no", *([] if device == "cuda" else ["--cpu"]),
            "-m", "pipeline.train", "transformer", "--out", str(out_dir),
-           "--set", f"max_steps={steps}", f"eval_every={steps}", "epochs=1000"]
+           "--set", f"max_steps={steps}", f"eval_every={steps}", f"log_every={log_every}", "epochs=1000"]
     print(" ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, cwd=root, check=True, env={**os.environ, "PYTHONPATH": str(root)})
+    # The checkout first, then whatever PYTHONPATH already holds (packages carried to the machine).
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    # A store of its own: the check's run stays out of the project's MLflow, and is the only run there.
+    tracking_uri = f"sqlite:///{out_dir / 'mlflow.db'}"
+    subprocess.run(cmd, cwd=root, check=True,
+                   env={**os.environ, "PYTHONPATH": path, "MLFLOW_TRACKING_URI": tracking_uri})
     summary = json.loads((out_dir / "train_summary.json").read_text())
     task = get_task(run.task)
     items = task.load(run.data_dir, "train")
-    tokens_per_item = float(np.mean([len(it["src"]) + len(it["tgt"]) + 1 for it in items]))
-    tokens = tokens_per_item * run.train.batch_size * summary["steps"]
-    seconds = summary["train_seconds"]
+    tokens_per_step = float(np.mean([len(it["src"]) + len(it["tgt"]) + 1 for it in items])) * run.train.batch_size
     from pipeline.checkpoint import load_model
 
     model, _ = load_model(out_dir / "checkpoint" / "last")
     params = sum(p.numel() for p in model.parameters())
-    rate = tokens / seconds
-    row = {"steps": summary["steps"], "seconds": seconds, "precision": {"no": "fp32"}.get(precision, precision),
-           "params": params,
-           "tokens_per_s": round(rate), "batch_size": run.train.batch_size,
+    whole = tokens_per_step * summary["steps"] / summary["train_seconds"]
+    steady = logged_steps(tracking_uri)
+    rate = tokens_per_step * steady[0] / steady[1] if steady and steady[1] > 0 else whole
+    row = {"steps": summary["steps"], "seconds": summary["train_seconds"],
+           "precision": {"no": "fp32"}.get(precision, precision), "params": params,
+           "tokens_per_s": round(rate), "tokens_per_s_whole_run": round(whole), "batch_size": run.train.batch_size,
+           "steady_window": {"steps": steady[0], "seconds": steady[1]} if steady else None,
            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
     if peak:
-        row["mfu"] = round(6 * params * rate / peak, 4)
+        row["mfu"] = round(6 * params * rate / peak, 5)
     return row
 
 
@@ -179,30 +247,53 @@ def main(argv: list[str] | None = None) -> None:
     names = trained_models(ROOT)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names}
-    providers = ["cuda"] if args.device == "cuda" else ["cpu"]
-    report["parity"] = {p: parity(names, ROOT, p) for p in providers}
+    settings = CUDA_SETTINGS if args.device == "cuda" else {"fp32": None}
+    report["parity"] = {}
+    for setting, options in settings.items():
+        with cuda_options(options):
+            report["parity"][setting] = parity(names, ROOT, args.device)
     if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
-        report["parity"]["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
-    report["timing"] = timing(names, ROOT, args.device, args.repeats)
+        report["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
+    report["timing"] = timing(names, ROOT, args.device, args.repeats, settings)
     report["train"] = train_transformer(ROOT, args.device, args.steps, peak_flops(name, args.peak_tflops))
-    lines = [f"# gpu_check on {name} (onnxruntime {ort.__version__}, torch {torch.__version__})", "",
-             "| model | parity | batch 1: PyTorch ms | ORT ms | × | batch 32: PyTorch ms | ORT ms | × |",
-             "|---|---|---|---|---|---|---|---|"]
-    for model in names:
-        par = all(report["parity"][p][model]["passed"] for p in providers)
-        t = report["timing"][model]
-        cells = [f"{t[s]['pytorch']:.2f} | {t[s]['onnxruntime']:.2f} | {t[s]['pytorch'] / t[s]['onnxruntime']:.2f}"
-                 for s in (1, 32)]
-        lines.append(f"| {model} | {'passed' if par else 'FAILED'} | " + " | ".join(cells) + " |")
-    tr = report["train"]
-    lines += ["", f"Transformer, {tr['steps']} steps, {tr['precision']}, batch {tr['batch_size']}: "
-              f"{tr['tokens_per_s']:,} tokens/s" + (f", MFU {tr['mfu']:.1%}" if "mfu" in tr else ", MFU: peak unknown")]
-    print("\n".join(lines))
+    print("\n".join(summary_lines(report, list(settings))))
     if args.write:
         (ROOT / "docs" / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    if not all(report["parity"][p][m]["passed"] for p in providers for m in names):
+    # The gate is the fp32 one (its tolerances are fp32's); the TF32 rows are what a server with
+    # onnxruntime's defaults answers, reported beside it.
+    if not all(report["parity"]["fp32"][m]["passed"] for m in names):
         raise SystemExit(1)
 
+
+def summary_lines(report: dict, settings: list[str]) -> list[str]:
+    """The Markdown summary: parity per setting, whole-loop times, the training rate."""
+    lines = [f"# gpu_check on {report['device']} (onnxruntime {report['onnxruntime']}, torch {report['torch']})", "",
+             "| model | " + " | ".join(f"parity {s}: passed, largest graph error, end to end" for s in settings) + " |",
+             "|---|" + "---|" * len(settings)]
+    for model in report["models"]:
+        cells = []
+        for s in settings:
+            r = report["parity"][s][model]
+            cells.append(r["error"] if "error" in r else
+                         f"{'passed' if r['passed'] else 'FAILED'}, {r['max_abs']:.1e}, "
+                         f"{'same' if r['e2e_passed'] else 'differs'}")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    head = " | ".join(f"batch {b}: PyTorch ms | " + " | ".join(f"ORT {s} ms | ×" for s in settings) for b in (1, 32))
+    lines += ["", f"| model | {head} |", "|---|" + "---|" * (2 * (1 + 2 * len(settings)))]
+    for model in report["models"]:
+        t = report["timing"][model]
+        cells = []
+        for b in (1, 32):
+            torch_ms = t[b]["pytorch"]
+            cells.append(f"{torch_ms:.2f} | " + " | ".join(
+                f"{t[b][f'onnxruntime_{s}']:.2f} | {torch_ms / t[b][f'onnxruntime_{s}']:.2f}" for s in settings))
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    tr = report["train"]
+    lines += ["", f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, batch "
+              f"{tr['batch_size']}: {tr['tokens_per_s']:,} tokens/s in the steady state "
+              f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"
+              + (f", MFU {tr['mfu']:.2%}" if "mfu" in tr else ", MFU: peak unknown")]
+    return lines
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,79 @@
+"""scripts/gpu_check.py's pieces that run without a GPU: the one-line exit on a CPU machine, the CUDA
+EP options wrapper, the folding of a parity report, the steady-state window read from MLflow, and the
+summary it prints (the GPU figures themselves are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_check  # noqa: E402
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the check itself runs here")
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert done.stdout.strip().splitlines() == [
+        "gpu_check: no CUDA device visible to PyTorch on this machine; nothing to check"]
+
+
+def test_cuda_options_reach_the_cuda_provider_only_and_are_undone(monkeypatch):
+    import serving.runtime as rt
+
+    monkeypatch.setattr(rt, "providers", lambda requested="auto": ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    plain = rt.providers
+    with gpu_check.cuda_options({"use_tf32": "0"}):
+        assert rt.providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert rt.providers is plain
+    with gpu_check.cuda_options(None):  # onnxruntime's defaults: the list as serving.runtime makes it
+        assert rt.providers("cuda") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_summarise_keeps_the_largest_graph_error_and_the_end_to_end_verdict():
+    rep = {"provider": "CUDAExecutionProvider", "passed": False, "cases": [
+        {"graphs": {"encoder": {"outputs": {"memory": {"passed": True, "max_abs": 2e-5}}},
+                    "decoder_step": {"outputs": {"log_probs": {"passed": False, "max_abs": 4.2e-3},
+                                                 "tokens": {"passed": True, "mismatches": 0}}}},
+         "e2e": {"tokens": {"passed": True, "mismatches": 0}}},
+        {"graphs": {"encoder": {"outputs": {"memory": {"passed": True, "max_abs": 3e-5}}}},
+         "e2e": {"tokens": {"passed": False, "mismatches": 2}}},
+    ]}
+    assert gpu_check.summarise(rep) == {"provider": "CUDAExecutionProvider", "passed": False, "cases": 2,
+                                        "max_abs": 4.2e-3, "e2e_passed": False}
+
+
+def test_logged_steps_is_the_window_between_the_first_and_last_logged_step(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("gpu_check"))
+    # Logged out of order and with a validation metric between: only train_loss's steps count.
+    for step, ms in ((40, 1_000_000), (400, 1_013_384), (200, 1_006_000)):
+        client.log_metric(run.info.run_id, "train_loss", 1.0 / step, timestamp=ms, step=step)
+    client.log_metric(run.info.run_id, "val_loss", 0.5, timestamp=1_020_000, step=400)
+    assert gpu_check.logged_steps(uri) == (360, 13.384)
+
+
+def test_summary_lines_show_both_settings_and_the_ratios():
+    report = {"device": "NVIDIA H100 80GB HBM3", "onnxruntime": "1.31.1", "torch": "2.11.0", "models": ["m"],
+              "parity": {"fp32": {"m": {"passed": True, "max_abs": 7.8e-5, "e2e_passed": True}},
+                         "tf32": {"m": {"passed": False, "max_abs": 4.2e-3, "e2e_passed": False}}},
+              "timing": {"m": {1: {"pytorch": 7.0, "onnxruntime_fp32": 3.5, "onnxruntime_tf32": 2.0},
+                               32: {"pytorch": 8.0, "onnxruntime_fp32": 16.0, "onnxruntime_tf32": 10.0}}},
+              "train": {"params": 7582624, "steps": 400, "precision": "bf16", "batch_size": 64,
+                        "tokens_per_s": 43899, "tokens_per_s_whole_run": 17837, "seconds": 36.6, "mfu": 0.00202}}
+    lines = gpu_check.summary_lines(report, ["fp32", "tf32"])
+    assert "| m | passed, 7.8e-05, same | FAILED, 4.2e-03, differs |" in lines
+    assert "| m | 7.00 | 3.50 | 2.00 | 2.00 | 3.50 | 8.00 | 16.00 | 0.50 | 10.00 | 0.80 |" in lines
+    assert lines[-1] == ("Transformer (7,582,624 parameters), 400 steps, bf16, batch 64: 43,899 tokens/s in the "
+                         "steady state (17,837 over the whole run of 36.6 s), MFU 0.20%")
