@@ -89,8 +89,9 @@ def summarise(rep: dict) -> dict:
             "e2e_passed": all(r["passed"] for case in rep["cases"] for r in case["e2e"].values())}
 
 
-def parity(names: list[str], root: Path, provider: str) -> dict[str, dict]:
-    """The export gate on ``provider`` for each model (see :func:`summarise`)."""
+def parity(names: list[str], root: Path, provider: str, settings: dict) -> dict[str, dict[str, dict]]:
+    """The export gate on ``provider`` for each model under each of ``settings`` (CUDA EP options):
+    {setting: {model: row}} (see :func:`summarise`); each model and its cases are loaded once."""
     from bench_inference import latest_graphs
 
     from pipeline.checkpoint import load_model
@@ -98,16 +99,20 @@ def parity(names: list[str], root: Path, provider: str) -> dict[str, dict]:
     from pipeline.export import parity_check
     from pipeline.tasks import get_task
 
-    out = {}
+    out: dict[str, dict[str, dict]] = {setting: {} for setting in settings}
     for name in names:
         run = resolve(name, root=root)
         model, _ = load_model(run.run_dir / "checkpoint" / "best")
         cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        try:
-            out[name] = summarise(parity_check(model, latest_graphs(name, root), cases, run.parity, provider))
-        except Exception as err:  # noqa: BLE001 -- one model's failure is a row, not the end of the check
-            out[name] = {"provider": provider, "passed": False, "error": f"{type(err).__name__}: {err}"[:300]}
-        print(f"parity {name}: {out[name]}", file=sys.stderr, flush=True)
+        graphs = latest_graphs(name, root)
+        for setting, options in settings.items():
+            try:
+                with cuda_options(options):
+                    row = summarise(parity_check(model, graphs, cases, run.parity, provider))
+            except Exception as err:  # noqa: BLE001 -- one model's failure is a row, not the end of the check
+                row = {"provider": provider, "passed": False, "error": f"{type(err).__name__}: {err}"[:300]}
+            out[setting][name] = row
+            print(f"parity {name} ({setting}): {row}", file=sys.stderr, flush=True)
     return out
 
 
@@ -132,11 +137,10 @@ def timing(names: list[str], root: Path, device: str, repeats: int, settings: di
         specs = model.export_graphs()
         meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
         cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        graph_sets = {}
+        graph_dir, graph_sets = latest_graphs(name, root), {}
         for setting, options in settings.items():
             with cuda_options(options):
-                graph_sets[setting] = {g: OrtGraph(latest_graphs(name, root) / f"{g}.onnx", provider=device)
-                                       for g in specs}
+                graph_sets[setting] = {g: OrtGraph(graph_dir / f"{g}.onnx", provider=device) for g in specs}
         model = model.to(device)
         row = {}
         for size, group in batch_groups(cases).items():
@@ -248,10 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names}
     settings = CUDA_SETTINGS if args.device == "cuda" else {"fp32": None}
-    report["parity"] = {}
-    for setting, options in settings.items():
-        with cuda_options(options):
-            report["parity"][setting] = parity(names, ROOT, args.device)
+    report["parity"] = parity(names, ROOT, args.device, settings)
     if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
         report["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
     report["timing"] = timing(names, ROOT, args.device, args.repeats, settings)
