@@ -275,7 +275,9 @@ def train(
     plain = accelerator.unwrap_model(wrapped)  # validation needs no gradient sync
 
     digest = config_hash(run)
-    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None}
+    # "seconds": training time of the processes before this one, up to the checkpoint they left, so that
+    # a resumed run's train_seconds counts the whole run, not only its last process.
+    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None, "seconds": 0.0}
     resumed = checkpoint.load_last(ckpt, digest, plain.model, optimizer, scheduler)
     saved_rng = None
     if resumed:
@@ -284,10 +286,11 @@ def train(
         accelerator.print(f"resuming {run.name} from step {state['step']}")
     main = accelerator.is_main_process
     every = checkpoint_seconds()
-    started = time.time()
+    started, seconds_before = time.time(), state["seconds"]
 
     def save_last() -> None:
         rngs = gather_rng(accelerator)  # a collective: every rank takes part
+        state["seconds"] = seconds_before + time.time() - started
         if main:
             checkpoint.save(ckpt / "last", plain.model, run, optimizer, scheduler,
                             {**state, "hash": digest, "rng": rngs})
@@ -361,7 +364,7 @@ def train(
                     break
         bar.close()
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"],
-                   "steps": state["step"], "train_seconds": round(time.time() - started, 1),
+                   "steps": state["step"], "train_seconds": round(seconds_before + time.time() - started, 1),
                    "processes": world}
         if mlflow:
             mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})

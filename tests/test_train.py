@@ -69,6 +69,28 @@ def test_resume_after_kill_matches_uninterrupted_run(root):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
 
 
+def test_a_resumed_run_counts_the_time_of_every_process(root):
+    """train_seconds of a run resumed after a kill includes the time the first process spent up to its
+    checkpoint (it counted the last process only: 2026-11-25's resumed trainings under-reported)."""
+    import time
+
+    run = resolve("ntm", root=root, overrides={"eval_every": 2})
+
+    def slow_then_kill(metrics):
+        if metrics["step"] == 2:
+            time.sleep(2.0)  # inside the first process's training time, before its step-4 checkpoint
+        if metrics["step"] == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(run, root / "resumed", report=slow_then_kill, progress=False)
+    first = torch.load(root / "resumed" / "checkpoint" / "last" / "trainer.pt", weights_only=False)["state"]
+    assert first["step"] == 4 and first["seconds"] >= 2.0
+    summary = train(run, root / "resumed", progress=False)  # 4 more tiny steps: well under a second
+    assert summary["steps"] == 8
+    assert summary["train_seconds"] >= round(first["seconds"], 1)
+
+
 def test_changed_config_does_not_resume(root):
     train(resolve("ntm", root=root), root / "o", progress=False)
     other = resolve("ntm", root=root, overrides={"lr": 0.02})
