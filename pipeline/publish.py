@@ -267,22 +267,68 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
+    serving = {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)}
+    lineage = {"arch": run.arch, "task": run.task, "config": config["model"], "parity_passed": parity["passed"],
+               "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)}
+    artifacts = [run.data_dir / a for a in manifest.get("artifacts", [])]
     meta, created = write_version(
-        root / "model_repository" / run.name, run.name, onnx_dir,
-        {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)},
-        {"arch": run.arch, "task": run.task, "config": config["model"],
-         "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
-         "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,
-         "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)},
-        [run.data_dir / a for a in manifest.get("artifacts", [])])
-    if not created:
-        return meta
-    version_dir = root / "model_repository" / run.name / str(meta["version"])
-    with tracking.run(run.name, "publish", root=root):
-        meta["mlflow_version"] = register(run.name, version_dir, meta, promote,
-                                          f"attnzoo {run.arch} on {run.task}")
-    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+        root / "model_repository" / run.name, run.name, onnx_dir, serving,
+        {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], "production": promote}, artifacts)
+    if created:
+        _register(run, root, meta, promote)
+    meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote)
     return meta
+
+
+def scalars(metrics: dict) -> dict:
+    """The metrics a version's metadata carries: the scalar ones (not per-length tables)."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
+
+
+def _register(run: RunConfig, root: Path, meta: dict, promote: bool) -> None:
+    """Register a newly written version in MLflow and record the MLflow version in its metadata."""
+    name = meta["model"]
+    version_dir = root / "model_repository" / name / str(meta["version"])
+    with tracking.run(name, "publish", root=root):
+        meta["mlflow_version"] = register(name, version_dir, meta, promote,
+                                          f"attnzoo {run.arch} on {run.task}"
+                                          + (f" (int8 variant of {run.name})" if name != run.name else ""))
+    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+
+
+# The int8 variant of model X is its own model, X-int8 (model_repository/X-int8/<version>/, MLflow model
+# X-int8): any KServe v2 or Triton client selects it by name, with versions and a default of its own.
+INT8_SUFFIX = "-int8"
+
+
+def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artifacts: list[Path],
+                 fp32_version: int, promote: bool) -> dict:
+    """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` when their quality gate passed
+    (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics, the gate, the bar
+    checked on the int8 metrics, and the fp32 version it was made beside. Production only when the
+    fp32 model is and the int8 metrics meet the bar too. Returns what happened, for the fp32 metadata."""
+    from pipeline.evaluate import check_bar
+
+    name = run.name + INT8_SUFFIX
+    repo = root / "model_repository" / name
+    repo.mkdir(parents=True, exist_ok=True)  # the stage's output also when nothing is published
+    report_path = run.run_dir / "int8_metrics.json"
+    if not report_path.exists():
+        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
+    report = json.loads(report_path.read_text())
+    if not report["gate"]["passed"]:
+        why = report["gate"].get("note") or "int8 is worse than fp32 by more than the gate allows"
+        return {"model": name, "published": False, "reason": f"{why} ({report_path.relative_to(root)})"}
+    bar = check_bar(report["metrics"], run.bar or [])
+    meta, created = write_version(
+        repo, name, run.run_dir / "int8", serving,
+        {**lineage, "precision": "int8", "fp32_model": run.name, "fp32_version": fp32_version,
+         "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"],
+         "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
+        artifacts)
+    if created:
+        _register(run, root, meta, meta["production"])
+    return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -296,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
         meta = publish(resolve(args.model))
         print(f"{args.model}: version {meta['version']} in model_repository/{args.model} "
               f"({'production' if meta['production'] else 'not promoted: bar or parity not met'})")
+        int8 = meta["int8"]
+        print(f"{int8['model']}: version {int8['version']} in model_repository/{int8['model']} "
+              f"({'production' if int8['production'] else 'not promoted: bar or parity not met'})"
+              if int8["published"] else f"{int8['model']}: not published: {int8['reason']}")
 
     run_cli(body)
 
