@@ -186,6 +186,20 @@ def validate(model: nn.Module, loader, accelerator) -> dict[str, float]:
     return {f"val_{k}": summed[i].item() / count for i, k in enumerate(keys) if k != "_n"}
 
 
+def write_curves(folder: Path, curve: dict[str, list[dict]]) -> None:
+    """``train_loss.csv`` and ``val_loss.csv`` (step first, the plotted loss last: DVC plots take the
+    last column as y), declared as DVC plots of the train stage and drawn by ``dvc plots show``."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train_loss", curve["train"]), ("val_loss", curve["val"])):
+        fields = ["step", *sorted({k for r in rows for k in r} - {"step", name}), name]
+        with open(folder / f"{name}.csv", "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+            out.writeheader()
+            out.writerows({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+
+
 def rng_state() -> dict:
     """Every RNG a training step may draw from (torch, numpy, Python), for exact resume."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -277,7 +291,10 @@ def train(
     digest = config_hash(run)
     # "seconds": training time of the processes before this one, up to the checkpoint they left, so that
     # a resumed run's train_seconds counts the whole run, not only its last process.
-    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None, "seconds": 0.0}
+    # "curve": the learning curve so far ([step, train loss] every log_every steps, [step, val metrics...]
+    # at each validation), in the checkpoint so that a resumed run's curve is the uninterrupted one.
+    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None, "seconds": 0.0,
+             "curve": {"train": [], "val": []}}
     resumed = checkpoint.load_last(ckpt, digest, plain.model, optimizer, scheduler)
     saved_rng = None
     if resumed:
@@ -343,6 +360,7 @@ def train(
                     mlflow.log_metrics({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0],
                                         **{f"train_{k}": v.item() for k, v in logs.items()}},
                                        step=state["step"])
+                    state["curve"]["train"].append({"step": state["step"], "train_loss": loss.item()})
                     bar.set_postfix(loss=f"{loss.item():.3f}")
                 validating = state["step"] % eval_every == 0 or state["step"] >= total
                 if validating:
@@ -352,6 +370,7 @@ def train(
                         state.update(best=last_val["val_loss"], best_step=state["step"])
                     if mlflow:
                         mlflow.log_metrics(last_val, step=state["step"])
+                        state["curve"]["val"].append({"step": state["step"], **last_val})
                     if main and improved:
                         checkpoint.save(ckpt / "best", plain.model, run)
                     bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{last_val['val_loss']:.3f}")
@@ -370,6 +389,7 @@ def train(
             mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             if main:
                 (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+                write_curves(out_dir / "learning_curves", state["curve"])
     accelerator.end_training()
     return summary
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -74,7 +75,7 @@ def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
         # path's parity is tested in test_registry (tiny, untrained) and gated at export on the
         # trained model (2e-5); here the pipeline runs the plain NTM.
         entry["model"].pop("write_walk", None)
-        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
+        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "log_every": 3, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
                              "beam": 3,
@@ -118,10 +119,22 @@ def test_dvc_repro_end_to_end(tmp_path):
     for task in params["tasks"]:  # every task's report lists each of its models
         report = (repo / "reports" / f"{task}.md").read_text()
         assert all(name in report for name, e in params["models"].items() if e["task"] == task), task
-    # One training run per model, child runs for tune trials, a registered version per model.
+    # Learning curves, the train stage's DVC plots: `dvc plots show` draws each model's losses over steps.
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], repo, env))["data"]
+    for name in models:
+        for curve, steps in (("train_loss", ["3", "6", "9", "12"]), ("val_loss", ["6", "12"])):
+            (plot,) = shown[f"runs/{name}/learning_curves/{curve}.csv"]
+            values = plot["content"]["data"]["values"]
+            assert [v["step"] for v in values] == steps, (name, curve)
+            assert all(math.isfinite(float(v[curve])) for v in values), (name, curve)
+    # One training run per model, child runs for tune trials, a registered version per model and one
+    # per int8 variant that passed its gate (model <name>-int8).
     db = sqlite3.connect(repo / "mlflow.db")
     names = [r[0] for r in db.execute("select name from registered_models")]
-    assert sorted(names) == sorted(models)
+    int8 = [f"{n}-int8" for n in models
+            if json.loads((repo / "runs" / n / "int8_metrics.json").read_text())["gate"]["passed"]]
+    assert int8 and sorted(names) == sorted(models + int8)
+    assert all((repo / "model_repository" / n / "1" / "metadata.json").exists() for n in int8)
     parents = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'"))
     assert len(parents) >= 2 * len(TUNED)  # every tune trial is a child run (2-point grids)
     assert all(params["models"][name]["search_space"] for name in TUNED)

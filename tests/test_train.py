@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def root(tmp_path, monkeypatch):
                      "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
     model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
     params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
-        "max_steps": 8, "eval_every": 4, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
+        "max_steps": 8, "eval_every": 4, "log_every": 2, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path
 
@@ -47,6 +48,14 @@ def test_training_lowers_validation_loss_and_keeps_best(root):
     first = resolve("ntm", root=root, overrides={"max_steps": 1, "eval_every": 1})
     untrained = train(first, root / "one", progress=False)["best_val_loss"]
     assert summary["best_val_loss"] < untrained
+    # The learning curves (DVC plots of the train stage): every validation, and the loss every log_every steps.
+    curves = root / "out" / "learning_curves"
+    val = list(csv.DictReader(open(curves / "val_loss.csv")))
+    assert list(val[0])[0] == "step" and list(val[0])[-1] == "val_loss"  # x first, the plotted y last
+    assert [(int(r["step"]), float(r["val_loss"])) for r in val] == [
+        (m["step"], float(f"{m['val_loss']:.6g}")) for m in seen]
+    train_rows = list(csv.DictReader(open(curves / "train_loss.csv")))
+    assert [int(r["step"]) for r in train_rows] == [2, 4, 6, 8] and all(float(r["train_loss"]) > 0 for r in train_rows)
 
 
 def test_resume_after_kill_matches_uninterrupted_run(root):
@@ -67,6 +76,9 @@ def test_resume_after_kill_matches_uninterrupted_run(root):
     b = load_file(str(root / "resumed" / "checkpoint" / "last" / "model.safetensors"))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+    for name in ("train_loss.csv", "val_loss.csv"):  # the curve carries over the kill, row for row
+        full, resumed = (root / d / "learning_curves" / name for d in ("full", "resumed"))
+        assert resumed.read_text() == full.read_text() and full.read_text().count("\n") > 2
 
 
 def test_a_resumed_run_counts_the_time_of_every_process(root):
