@@ -205,9 +205,70 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
             "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (tmp / "MODEL_CARD.md").write_text(model_card(meta, served_metadata(name, version, tmp)))
     tmp.rename(repo / str(version))
     (repo / "config.pbtxt").write_text(config_pbtxt(name, repo, onnx_dir, graphs))
     return meta, True
+
+
+def served_metadata(name: str, version: int, folder: Path) -> dict | None:
+    """What the server answers for ``GET /v2/models/<name>`` (inputs, outputs), or None for a version
+    without a serving loop."""
+    from serving.kinds import load_version
+
+    whole, _, _ = load_version(name, version, folder, "cpu")
+    return whole.metadata([version]) if whole is not None else None
+
+
+def model_card(meta: dict, served: dict | None) -> str:
+    """``MODEL_CARD.md`` of a published version: what it is, its data and licence, its quality against
+    the bar, parity, limits, intended use and how to call it; from the version's own metadata."""
+    from pipeline.tasks import get_task
+    from serving.pyfunc import input_example
+
+    name, version, task = meta["model"], meta["version"], get_task(meta["task"])
+    int8 = meta.get("precision") == "int8"
+    lines = [f"# {name}, version {version}", "",
+             f"`{meta['arch']}` on `{meta['task']}`, after {task.card.get('paper', 'no paper named')}. Published by "
+             f"attnzoo from commit `{meta.get('git_commit', 'unknown')}`. Precision: "
+             + (f"int8 (onnxruntime dynamic quantisation of `{meta['fp32_model']}` version {meta['fp32_version']})."
+                if int8 else "fp32."),
+             "", "## Intended use", "",
+             "A reproduction of a classic attention model, for study, comparison and as a reference deployment. It "
+             "knows only the distribution of its training data (below): not a general-purpose system for its "
+             "input kind, and not for decisions about people.",
+             "", "## Data and licence", "", f"- Data: {task.card['data']}.", f"- Licence: {task.card['licence']}.",
+             "", "## Quality", "", "| metric | bar | measured | met |", "|---|---|---|---|"]
+    bar = meta.get("bar") or {}
+    for c in bar.get("conditions", []):
+        lines.append(f"| {c['metric']} | {c['op']} {c['value']} | {c['measured']} | {'yes' if c['passed'] else 'no'} |")
+    if not bar.get("conditions"):
+        lines.append("| (no quality bar in params.yaml) | | | |")
+    lines += ["", f"Promoted to production: {'yes' if meta.get('production') else 'no'} (that takes parity and "
+              "every bar met). "
+              f"ONNX vs PyTorch parity of the fp32 graphs: {'passed' if meta.get('parity_passed') else 'FAILED'}."]
+    if int8:
+        rows = ", ".join(f"{c['metric']} {c['fp32']} → {c['int8']}" for c in meta["int8_gate"]["conditions"]) \
+            or meta["int8_gate"].get("note", "")
+        lines.append(f"int8 gate (worse than fp32 by at most {meta['int8_gate']['tolerance']}): passed ({rows}).")
+    limits = meta.get("serving", {}).get("limits") or {}
+    lines += ["", "## Limits", "", "A request over one of these is refused with HTTP 413: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(limits.items())) + "." if limits else "Server defaults."]
+    if served is not None:
+        lines += ["", "## How to call it", "", "| | name | datatype | shape |", "|---|---|---|---|"]
+        lines += [f"| {side} | `{s['name']}` | {s['datatype']} | {s['shape']} |"
+                  for side in ("input", "output") for s in served[f"{side}s"]]
+        example = input_example(served)
+        if example is not None:
+            body = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": next(
+                s["datatype"] for s in served["inputs"] if s["name"] == k), "data": v.ravel().tolist()}
+                for k, v in example.items()]}
+            lines += ["", "Open Inference Protocol (KServe v2) over HTTP, e.g. against `attnzoo serve`:", "",
+                      "```bash", f"curl -s localhost:8000/v2/models/{name}/versions/{version}/infer \\",
+                      f"  -H 'Content-Type: application/json' -d '{json.dumps(body)}'", "```"]
+        lines += ["", f"Without a server: `attnzoo predict {name} ... --local`; as an MLflow model: "
+                  f"`mlflow.pyfunc.load_model(\"models:/{name}@production\")`. Inputs of each kind: docs/serving.md."]
+    return "\n".join(lines) + "\n"
 
 
 def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str) -> str:
@@ -289,10 +350,11 @@ def _register(run: RunConfig, root: Path, meta: dict, promote: bool) -> None:
     """Register a newly written version in MLflow and record the MLflow version in its metadata."""
     name = meta["model"]
     version_dir = root / "model_repository" / name / str(meta["version"])
-    with tracking.run(name, "publish", root=root):
+    with tracking.run(name, "publish", root=root) as mlflow:
         meta["mlflow_version"] = register(name, version_dir, meta, promote,
                                           f"attnzoo {run.arch} on {run.task}"
                                           + (f" (int8 variant of {run.name})" if name != run.name else ""))
+        mlflow.log_artifact(str(version_dir / "MODEL_CARD.md"))
     (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
 
 

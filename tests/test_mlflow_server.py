@@ -99,6 +99,9 @@ def test_stages_log_to_a_tracking_server(repo, server):
     assert graphs and all(any(s.endswith(f"artifacts/repository/act/1/{g}.onnx") for s in stored) for g in graphs)
     assert any(s.endswith("artifacts/repository/act/1/metadata.json") for s in stored)
     assert any(s.endswith("/MLmodel") for s in stored) and any("/code/serving/" in s for s in stored)
+    assert "MODEL_CARD.md" in logged("publish")  # the version's card, also inside its folder
+    card = (repo / "model_repository" / "act" / "1" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# act, version 1\n") and f"from commit `{commit}`" in card
     assert not (repo / "mlartifacts").exists()
 
     # The registry over HTTP: version 1 from the publish run, promoted to production, and loadable

@@ -174,6 +174,12 @@ def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_pas
     assert (meta["precision"], meta["fp32_model"], meta["fp32_version"]) == ("int8", "act", 3)
     assert meta["bar"]["conditions"][0]["measured"] == 0.4 and not meta["bar"]["passed"]
     assert str(meta["mlflow_version"]) == "1"  # registered as MLflow model act-int8
+    card = (repo / "act-int8" / "1" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# act-int8, version 1\n")
+    assert "Precision: int8 (onnxruntime dynamic quantisation of `act` version 3)." in card
+    assert "| accuracy | >= 0.5 | 0.4 | no |" in card and "Promoted to production: no" in card
+    assert "Licence: generated: no third-party data." in card and "after Graves 2016" in card
+    assert "curl -s localhost:8000/v2/models/act-int8/versions/1/infer" in card
 
     local = LocalClient(repo)
     spec = local.model_metadata("act-int8", 1)

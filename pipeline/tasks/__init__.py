@@ -16,6 +16,8 @@ class Task:
     # What a server needs to run this task's models on raw input (merged into the ``serving``
     # block that ``publish`` writes; e.g. the input kind, tokenizers, attention outputs).
     serving: dict = {}
+    # What a model card says of the data: where it comes from, its licence, the paper whose task it is.
+    card: dict = {"data": "not stated", "licence": "not stated"}
 
     def prepare(self, params: dict, out: Path) -> dict:
         """Write prepared files into ``out``; return manifest facts (counts, vocab...)."""

@@ -27,6 +27,9 @@ def make_split(rng: np.random.Generator, count: int, bits: int) -> dict[str, tor
 
 class ParityTask(Task):
     name = "parity"
+    card = {"data": "random vectors of 16 inputs in {-1, 0, 1} generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Graves 2016, §4.1 (Adaptive Computation Time)"}
     serving = {}  # one graph, served as it is
 
     def prepare(self, params: dict, out: Path) -> dict:

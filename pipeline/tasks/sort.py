@@ -169,6 +169,9 @@ def _label(point: torch.Tensor) -> str:
 
 class SortTask(PointerTask):
     name = "sort"
+    card = {"data": "random floats (5 to 10 a list) generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Vinyals et al. 2015 (Pointer Networks)"}
 
     def generate(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[int]]:
         values = rng.random(n).astype(np.float32)

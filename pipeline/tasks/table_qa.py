@@ -72,6 +72,9 @@ def make_example(rng: np.random.Generator, rows: int, kind: str) -> dict:
 
 class TableQATask(Task):
     name = "table_qa"
+    card = {"data": "synthetic tables and templated questions generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Neelakantan et al. 2016 (Neural Programmer)"}
     # The server tokenises questions itself: numbers become <num> (their value the pivot).
     serving = {"input": "table_question", "vocabulary": WORDS, "number_token": "<num>"}
 

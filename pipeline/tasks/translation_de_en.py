@@ -129,6 +129,10 @@ def _split(pairs, seed: int, val_size: int, test_size: int):
 
 class TranslationTask(Task):
     name = "translation_de_en"
+    card = {"data": "German→English example sentences of the TU Chemnitz 'Ding' dictionary "
+                    "(Debian package dict-de-en), tokenised with SentencePiece",
+            "licence": "GPL-2+ (dict-de-en)",
+            "paper": "Bahdanau et al. 2015; Luong et al. 2015; Vaswani et al. 2017"}
 
     def prepare(self, params: dict, out: Path) -> dict:
         import sentencepiece as spm
