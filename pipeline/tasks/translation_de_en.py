@@ -278,7 +278,8 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
             src_tok = [sp["de"].id_to_piece(t) for t in items[i]["src"]]
             tgt_tok = [sp["en"].id_to_piece(t) for t in beam_out[i]["tokens"].tolist()] + ["</s>"]
             P.alignment(beam_out[i]["attention"], src_tok, tgt_tok, plots / f"alignment_{n}.png",
-                        f"{run.name}: {hyp_beam[i][:60]}")
+                        f"{run.name}: {hyp_beam[i][:60]}", "German source piece", "English output piece (beam)",
+                        reference=refs[i][:80])
             greedy = model.predict(task.collate([items[i]]))
             if "attention_heads" in greedy:  # Transformer: every layer and head (greedy decode)
                 steps = int(greedy["lengths"][0]) + 1  # the emitted pieces and the EOS step
