@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline import plots
+from pipeline import plots, tracking
 from pipeline.config import ROOT
 
 BAR = {True: "met", False: "not met", None: "none set"}
@@ -59,7 +59,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write the comparison report of one task.")
     ap.add_argument("task")
     args = ap.parse_args(argv)
-    run_cli(lambda: print(report(args.task)))
+
+    def body():
+        print(report(args.task, root=ROOT))
+        with tracking.run(args.task, "report") as mlflow:  # the table and its plot beside the stages' runs
+            for name in (f"{args.task}.md", f"{args.task}_by_length.png"):
+                if (ROOT / "reports" / name).exists():
+                    mlflow.log_artifact(str(ROOT / "reports" / name))
+
+    run_cli(body)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def test_check_bar_all_conditions_must_hold():
     assert check_bar({"x": 1}, [])["passed"]
 
 
-def test_report_tables_and_plot(tmp_path):
+def write_rows(tmp_path) -> None:
     rows = tmp_path / "results" / "t"
     rows.mkdir(parents=True)
     for name, values, passed in (("a", [20.0, 15.0], True), ("b", [18.0, 8.0], None)):
@@ -30,9 +30,29 @@ def test_report_tables_and_plot(tmp_path):
     # export@a timed its inference loop; b's export predates the timing
     (rows / "a.latency.json").write_text(json.dumps({"cases": [], "total": {"pytorch_ms": 30.0,
                                                                           "onnxruntime_ms": 12.5}}))
+
+
+def test_report_tables_and_plot(tmp_path):
+    write_rows(tmp_path)
     text = report("t", root=tmp_path)
     assert "| a | bahdanau | 20.0 | 1,234 | 5.0 | 12.5 | 30.0 | met |" in text
     assert "| b | bahdanau | 18.0 | 1,234 | 5.0 | — | — | none set |" in text
     assert text.count("| bahdanau |") == 2  # the latency file is no row of its own
     assert "| b | 18.0 | 8.0 |" in text
     assert (tmp_path / "reports" / "t_by_length.png").stat().st_size > 1000
+
+
+def test_the_report_stage_logs_its_table_and_plot_to_mlflow(tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    from pipeline import report as stage
+
+    write_rows(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(stage, "ROOT", tmp_path)
+    stage.main(["t"])
+    assert "| a | bahdanau | 20.0 |" in capsys.readouterr().out
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'report'")
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["t.md", "t_by_length.png"]
