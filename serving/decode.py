@@ -73,7 +73,8 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     :func:`greedy`); hypotheses are ranked by
     log p / length**length_penalty (``length_penalty`` 0: by log p, with an exact stopping rule).
 
-    Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float.
+    Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float, and
+    nbest: up to ``beam`` hypotheses as (tokens, score), best first (the first is tokens, score).
     """
     enc = encoder(_encoder_feeds(src, src_len))
     state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [K,...]
@@ -118,11 +119,18 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
         scores = np.array(next_scores + [-np.inf] * pad)
         y = np.array(next_tokens + [next_tokens[0]] * pad, dtype=np.int64)
         state.update({name: value[idx] for name, value in _carried(out).items()})
+    live = sorted((k for k in range(len(hyps)) if np.isfinite(scores[k])), key=lambda k: -scores[k])
     if not finished:  # no hypothesis ended within max_len: take the best unfinished one
         k = int(np.argmax(scores))
         finished.append((scores[k], hyps[k], aligns[k]))
-    norm, tokens, align = max(finished, key=lambda f: f[0])
-    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm)}
+        live = [j for j in live if j != k]
+    ranked = sorted(finished, key=lambda f: -f[0])[:beam]  # stable: ties keep the order they finished in
+    # n-best: with fewer than `beam` ended, the live hypotheses follow (by log p, as the fallback above),
+    # never ahead of an ended one, so the best hypothesis is the one beam search returns.
+    ranked += [(scores[k], hyps[k], aligns[k]) for k in live][: beam - len(ranked)]
+    norm, tokens, align = ranked[0]
+    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm),
+            "nbest": [(np.array(t, dtype=np.int64), float(n)) for n, t, _ in ranked]}
 
 
 def transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singles: list[dict[str, np.ndarray]],
