@@ -324,6 +324,8 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     parity_path, metrics_path = run.run_dir / "parity.json", run.run_dir / "metrics.json"
     if not parity_path.exists() or not metrics_path.exists():
         raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
+    if not (run.run_dir / "int8_metrics.json").exists():  # before anything is written: publish carries int8 too
+        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
     parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
     if not parity["passed"]:  # a graph that does not compute what PyTorch computes is never deployable
         raise UserError(f"{run.name}: ONNX parity failed ({parity_path}); nothing was published. Fix the export "
@@ -372,15 +374,13 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
     """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` when their quality gate passed
     (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics, the gate, the bar
     checked on the int8 metrics, and the fp32 version it was made beside. Production only when the
-    fp32 model is and the int8 metrics meet the bar too. Returns what happened, for the fp32 metadata."""
+    fp32 model is and the int8 metrics meet the bar too. Returns what happened (``main`` prints it)."""
     from pipeline.evaluate import check_bar
 
     name = run.name + INT8_SUFFIX
     repo = root / "model_repository" / name
     repo.mkdir(parents=True, exist_ok=True)  # the stage's output also when nothing is published
     report_path = run.run_dir / "int8_metrics.json"
-    if not report_path.exists():
-        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
     report = json.loads(report_path.read_text())
     if not report["gate"]["passed"]:
         why = report["gate"].get("note") or "int8 is worse than fp32 by more than the gate allows"
