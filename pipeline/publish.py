@@ -324,12 +324,12 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     parity_path, metrics_path = run.run_dir / "parity.json", run.run_dir / "metrics.json"
     if not parity_path.exists() or not metrics_path.exists():
         raise UserError(f"{run.name}: run `dvc repro export@{run.name}` and `evaluate@{run.name}` first")
-    if not (run.run_dir / "int8_metrics.json").exists():  # before anything is written: publish carries int8 too
-        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
     parity, metrics = json.loads(parity_path.read_text()), json.loads(metrics_path.read_text())
     if not parity["passed"]:  # a graph that does not compute what PyTorch computes is never deployable
         raise UserError(f"{run.name}: ONNX parity failed ({parity_path}); nothing was published. Fix the export "
                         f"and run `dvc repro export@{run.name}`")
+    if not (run.run_dir / "int8_metrics.json").exists():  # before anything is written: publish carries int8 too
+        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
     config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
