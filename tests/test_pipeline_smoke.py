@@ -15,6 +15,9 @@ from tests.conftest import TINY, copy_repo, venv_env
 
 pytestmark = pytest.mark.slow
 
+# 550 pairs of LibreOffice help paragraphs (MPL-2.0) from 90 help pages, as a user's own corpus.
+SMOKE_CORPUS = str(Path(__file__).resolve().parent / "data" / "smoke_de_en.tsv")
+
 # One entry per architecture, plus the entries a task needs (every report@<task> has a model) and
 # those whose distinct pipeline path no other test runs: bahdanau_none (no alignment plots),
 # rnn_parity (act: false), draw_none (no read/write windows in the plots). Dropped, each variant's
@@ -45,7 +48,10 @@ TUNED = ["bahdanau", "ntm", "ram"]
 def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
     """Tiny data and models for ``keep`` (tasks no kept model uses are dropped)."""
     params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
-    params["tasks"]["translation_de_en"].update(vocab_size=400, lexicon_pairs=2000)
+    # A user's own corpus (SMOKE_CORPUS) instead of the Debian download, which is the real pipeline's;
+    # tests/test_corpus_*.py cover each source's parsing.
+    params["tasks"]["translation_de_en"].update(vocab_size=400, corpus=SMOKE_CORPUS, val_size=40, test_size=40,
+                                                max_doc_share=0.25, dict_test_size=0)
     for task in ("sort", "convex_hull", "repeat_copy", "associative_recall"):
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
