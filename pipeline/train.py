@@ -260,9 +260,12 @@ def train(
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    accelerator = Accelerator(cpu=not has_accelerator())
-    rank, world = accelerator.process_index, accelerator.num_processes
     cfg = run.train
+    if cfg.precision not in ("fp32", "bf16"):
+        raise UserError(f"{run.name}: train.precision is '{cfg.precision}'; use fp32 or bf16")
+    # Only an explicit bf16 is passed: with fp32 the launcher's choice stands (gpu_check launches bf16).
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="bf16" if cfg.precision == "bf16" else None)
+    rank, world = accelerator.process_index, accelerator.num_processes
     set_seed(cfg.seed)
     out_dir = Path(out_dir or run.run_dir)
     ckpt = out_dir / "checkpoint"

@@ -180,3 +180,33 @@ def test_evaluate_and_export_take_an_ad_hoc_run_folder(root):
     assert not (root / "results").exists() and not (root / "runs").exists()
     with pytest.raises(UserError, match="holds no trained model"):
         at_run_dir(resolve("ntm", root=root), root / "empty")
+
+
+def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
+    """train.precision bf16: the loss is computed under CPU autocast (matmuls in bfloat16), weights
+    stay fp32, and training still lowers the validation loss; a typo names the two choices."""
+    import torch
+
+    import models.ntm as ntm
+
+    dtypes = []
+    original = ntm.NTM.loss
+
+    def spying(self, batch):
+        dtypes.append((torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()))
+        return original(self, batch)
+
+    monkeypatch.setattr(ntm.NTM, "loss", spying)
+    run = resolve("ntm", root=root, overrides={"precision": "bf16"})
+    seen = []
+    train(run, root / "bf16", report=seen.append, progress=False)
+    assert dtypes and all(d == (True, torch.bfloat16) for d in dtypes[:8])  # the 8 training steps
+    untrained = train(resolve("ntm", root=root, overrides={"precision": "bf16", "max_steps": 1, "eval_every": 1}),
+                      root / "one", progress=False)["best_val_loss"]
+    assert seen[-1]["val_loss"] < untrained
+    from safetensors.torch import load_file
+
+    weights = load_file(root / "bf16" / "checkpoint" / "best" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    with pytest.raises(Exception, match="use fp32 or bf16"):
+        train(resolve("ntm", root=root, overrides={"precision": "fp16"}), root / "x", progress=False)
