@@ -263,7 +263,13 @@ def train(
     cfg = run.train
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"{run.name}: train.precision is '{cfg.precision}'; use fp32 or bf16")
-    # Only an explicit bf16 is passed: with fp32 the launcher's choice stands (gpu_check launches bf16).
+    # Accelerate keeps its state per process: a second training in one process (tests, a Ray worker
+    # reused by another tune trial) would silently keep the first one's precision. The distributed
+    # state (PartialState) stays. Only an explicit bf16 is passed: with fp32 the launcher's choice
+    # stands (gpu_check launches with --mixed_precision bf16).
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="bf16" if cfg.precision == "bf16" else None)
     rank, world = accelerator.process_index, accelerator.num_processes
     set_seed(cfg.seed)

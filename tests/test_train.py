@@ -208,5 +208,8 @@ def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
 
     weights = load_file(root / "bf16" / "checkpoint" / "best" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}
+    dtypes.clear()  # a later fp32 training in the same process does not keep bf16
+    train(resolve("ntm", root=root, overrides={"max_steps": 2, "eval_every": 2}), root / "fp32", progress=False)
+    assert dtypes and not any(enabled for enabled, _ in dtypes)
     with pytest.raises(Exception, match="use fp32 or bf16"):
         train(resolve("ntm", root=root, overrides={"precision": "fp16"}), root / "x", progress=False)
