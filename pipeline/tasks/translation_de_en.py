@@ -52,9 +52,7 @@ def _pack(rows: list[list[int]]) -> dict[str, torch.Tensor]:
     return {"ids": flat, "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])}
 
 
-def _unpack(packed: dict[str, torch.Tensor] | list[list[int]]) -> list[list[int]]:
-    if isinstance(packed, list):  # data prepared before the packing (2026-11-26): lists already
-        return packed
+def _unpack(packed: dict[str, torch.Tensor]) -> list[list[int]]:
     ids, off = packed["ids"].tolist(), packed["offsets"].tolist()
     return [ids[a:b] for a, b in zip(off[:-1], off[1:])]
 
@@ -112,10 +110,9 @@ class TranslationTask(Task):
 
     def load(self, data_dir: Path, split: str) -> list[dict]:
         d = torch.load(data_dir / f"{split}.pt")
-        sources = d.get("source") or ["dictionary"] * len(d["src_text"])  # data prepared before sources
         return [{"src": s, "tgt": t, "src_text": st, "tgt_text": tt, "source": so}
                 for s, t, st, tt, so in zip(_unpack(d["src"]), _unpack(d["tgt"]), d["src_text"], d["tgt_text"],
-                                            sources)]
+                                            d["source"])]
 
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         return evaluate_translation(model, run, plots)
