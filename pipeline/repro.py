@@ -152,6 +152,19 @@ def _slots(name: str, params: dict, jobs: int) -> int:
     return 1
 
 
+def _shrink(node: Node, name: str, todo: list[str], nodes: dict[str, Node], executor) -> bool:
+    """A multi-slot stage (a tune@ search) that would wait for every slot while a long training holds
+    one, with nothing else able to start: it takes the free slots now (its trials then run fewer at
+    a time) rather than leave cores idle for the whole training. True when it now fits."""
+    free = getattr(executor, "free", 0)
+    if node.slots <= 1 or free < 1:
+        return False
+    if any(_ready(nodes[o], nodes) and nodes[o].slots <= free for o in todo if o != name):
+        return False  # a stage that fits is ready: it goes first, the tune keeps waiting for its cores
+    node.slots = free
+    return True
+
+
 def _estimates(root: Path, nodes: dict[str, Node]) -> dict[str, float]:
     """Seconds each stage is expected to take, for the ETA: a training's last recorded wall time."""
     out = {}
@@ -190,6 +203,10 @@ class LocalExecutor:
     def start(self, node: Node, log: Path) -> None:
         node.threads = threads = max(1, self.cores * node.slots // self.jobs)
         env = {**os.environ, **_stage_env(self.root, node.name, threads)}
+        if node.kind == "tune":
+            # The local Ray a tune@ starts counts the machine's cores, not its share: with fewer
+            # slots than jobs its trials would run beside the other stages on cores they hold.
+            env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": threads})
         handle = log.open("wb")
         handle.write(f"# attnzoo repro: {node.name}, {threads} thread(s)\n".encode())
         handle.flush()
@@ -405,7 +422,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                             node.changed = _still_changed(root, name)
                             if not node.changed:  # settled: its upstream has ended
                                 rechecked.add(name)
-                        if node.changed:
+                        if node.changed and not _shrink(node, name, todo, nodes, executor):
                             continue
                     if node.upstream & ran_upstream and name not in rechecked:
                         rechecked.add(name)
@@ -568,6 +585,9 @@ def main(argv: list[str] | None = None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    # A runner started in the background of a script (nohup ... &) inherits SIGINT ignored, and
+    # `kill -INT` would do nothing: Ctrl-C's signal stops it wherever it was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give at least 1")
     if args.single_item and not args.targets:

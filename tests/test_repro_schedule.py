@@ -80,3 +80,41 @@ def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_tra
         "prepare@t": "ran", "train@y": "ran", "tune@x": "up-to-date", "train@x": "ran"}
     started_x = float((tmp_path / "train_x.start").read_text())
     assert started_x < float((tmp_path / "train_y.end").read_text()) - 1.0
+
+
+def test_a_tune_takes_the_free_slot_when_a_training_holds_the_other(tmp_path, no_dvc):
+    # train@y (one slot) starts first; tune@x (a search: every slot) would otherwise wait the whole
+    # training for both. Nothing else can start, so it starts now on the free slot, and the local Ray
+    # it starts is told it has that one core.
+    stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
+    cmd = {"train@y": f"{stamp.format(tmp_path, 'train_y', 'start')}; sleep 4; "
+                      f"{stamp.format(tmp_path, 'train_y', 'end')}",
+           "tune@x": f"echo $OMP_NUM_THREADS $RAY_OVERRIDE_RESOURCES > {tmp_path}/tune_x.env; "
+                     f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
+    graph = {"train@y": set(), "tune@x": set(), "train@x": {"tune@x"}}
+    plan = _plan(tmp_path, graph, cmd)
+    plan.nodes["tune@x"].slots = 2
+    plan.order = ["train@y", "tune@x", "train@x"]
+    # train@y first: the longest path starts first (its estimate is the training's last wall time).
+    plan.estimates.update({"train@y": 100.0})
+    executor = repro.LocalExecutor(tmp_path, jobs=2)
+    nodes = repro.execute(tmp_path, plan, executor, echo=lambda line: None)
+    assert {n.state for n in nodes.values()} == {"ran"}
+    assert (tmp_path / "tune_x.env").read_text().split() == ["1", '{"CPU":', "1}"]
+    assert float((tmp_path / "tune_x.start").read_text()) < float((tmp_path / "train_y.end").read_text()) - 1.0
+    assert executor.free == 2
+
+
+def test_a_tune_keeps_waiting_while_another_stage_fits(tmp_path, no_dvc):
+    # The free slot goes to a ready one-slot stage (evaluate@y) first; the tune gets both slots after.
+    cmd = {"train@y": "sleep 1.5", "evaluate@z": "sleep 1.5",
+           "tune@x": f"echo $OMP_NUM_THREADS > {tmp_path}/tune@x.threads"}
+    graph = {"train@y": set(), "evaluate@z": set(), "tune@x": set()}
+    plan = _plan(tmp_path, graph, cmd)
+    plan.nodes["tune@x"].slots = 2
+    plan.estimates.update({"train@y": 100.0, "evaluate@z": 50.0})
+    executor = repro.LocalExecutor(tmp_path, jobs=2)
+    executor.cores = 2
+    nodes = repro.execute(tmp_path, plan, executor, echo=lambda line: None)
+    assert {n.state for n in nodes.values()} == {"ran"}
+    assert _threads(tmp_path, "tune@x") == 2
