@@ -10,7 +10,8 @@ ready stage's own command as ``dvc repro`` would (its non-persistent outputs rem
 downstream stages, independent branches go on, and a re-run continues from what was committed.
 
 Locally at most ``--jobs`` stages run at once, each with its share of the cores as its thread count
-(a ``tune@`` stage with a search space takes every slot: its Ray trials use the cores). With
+(a ``tune@`` stage with a search space takes every slot, its Ray trials use the cores, or the free
+slots when a training holds the others and no stage ranked above it can start). With
 ``--ray`` each stage is a Ray task asking for the resources ``params.yaml`` ``repro.resources``
 gives its kind (a ``train@`` can ask for a GPU; a ``tune@`` asks for no CPU itself and points its
 trials at the same cluster), spread over the nodes. Stages run in the repository's own folder, so
@@ -152,7 +153,7 @@ def _slots(name: str, params: dict, jobs: int) -> int:
     return 1
 
 
-def _shrink(node: Node, name: str, todo: list[str], nodes: dict[str, Node], executor) -> bool:
+def _shrink(node: Node, todo: list[str], nodes: dict[str, Node], executor) -> bool:
     """A multi-slot stage (a tune@ search) that would wait for every slot while a long training holds
     one: unless a stage ranked above it can start instead, it takes the free slots now (its trials
     then run fewer at a time) rather than leave its training, the longest path, waiting behind a
@@ -160,7 +161,7 @@ def _shrink(node: Node, name: str, todo: list[str], nodes: dict[str, Node], exec
     free = getattr(executor, "free", 0)
     if node.slots <= 1 or free < 1:
         return False
-    if any(_ready(nodes[o], nodes) and nodes[o].slots <= free for o in todo[:todo.index(name)]):
+    if any(_ready(nodes[o], nodes) and nodes[o].slots <= free for o in todo[:todo.index(node.name)]):
         return False  # a stage ranked above it goes first
     node.slots = free
     return True
@@ -428,7 +429,7 @@ def execute(root: Path, the_plan: Plan, executor, echo=print) -> dict[str, Node]
                             node.changed = _still_changed(root, name)
                             if not node.changed:  # settled: its upstream has ended
                                 rechecked.add(name)
-                        if node.changed and not _shrink(node, name, todo, nodes, executor):
+                        if node.changed and not _shrink(node, todo, nodes, executor):
                             continue
                     if node.upstream & ran_upstream and name not in rechecked:
                         rechecked.add(name)

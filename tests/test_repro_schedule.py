@@ -112,7 +112,8 @@ def test_a_stage_ranked_above_the_tune_takes_the_free_slot_first(tmp_path, no_dv
     stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
     cmd = {"train@y": f"sleep 4; {stamp.format(tmp_path, 'train_y', 'end')}",
            "evaluate@z": f"{stamp.format(tmp_path, 'evaluate_z', 'start')}; sleep 1",
-           "tune@x": f"echo $RAY_OVERRIDE_RESOURCES > {tmp_path}/tune@x.cpus; {stamp.format(tmp_path, 'tune_x', 'start')}"}
+           "tune@x": f"echo $RAY_OVERRIDE_RESOURCES > {tmp_path}/tune@x.cpus; "
+                     f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
     graph = {"train@y": set(), "evaluate@z": set(), "tune@x": set()}
     plan = _plan(tmp_path, graph, cmd)
     plan.nodes["tune@x"].slots = 2
