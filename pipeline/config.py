@@ -40,6 +40,10 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # cosine decay floor, relative to lr
     grad_clip: float = 1.0
+    # bf16: autocast matmuls to bfloat16 (weights, optimizer state and the loss stay fp32). On a CPU
+    # with AVX512-BF16 a Transformer step took 0.62x the fp32 time (docs/benchmarks.md). fp32: the
+    # launcher decides (accelerate launch --mixed_precision), fp32 when launched plainly.
+    precision: str = "fp32"
     eval_every: int = 0  # steps between validations; 0: once per epoch
     log_every: int = 50
 

@@ -32,7 +32,7 @@ from pipeline.checkpoint import load_model
 from pipeline.config import RunConfig, UserError, at_run_dir, resolve, results_dir
 from pipeline.graphs import TorchGraph, run_loop
 from pipeline.tasks import get_task
-from serving.runtime import OrtGraph, providers
+from serving.runtime import OrtGraph, uses_cuda
 
 MAX_FEEDS = 24  # recorded step inputs checked per graph and case (spread over the sequence)
 
@@ -212,7 +212,7 @@ def export(run: RunConfig) -> dict:
     graphs = export_onnx(model, onnx_dir)
     cases = get_task(run.task).model_parity_batches(model, run.data_dir)
     result = {"graphs": graphs, "providers": {}, "passed": True}
-    wanted = ["cpu"] + (["cuda"] if providers("auto")[0] == "CUDAExecutionProvider" else [])
+    wanted = ["cpu"] + (["cuda"] if uses_cuda() else [])
     for provider in wanted:
         rep = parity_check(model, onnx_dir, cases, run.parity, provider)
         result["providers"][rep["provider"]] = rep

@@ -46,11 +46,15 @@ def loop_kind(graph_names) -> str:
     return "single"
 
 
-def run_loop(graphs: dict, batch: dict[str, np.ndarray], meta: dict) -> dict[str, np.ndarray]:
+def run_loop(graphs: dict, batch: dict[str, np.ndarray], meta: dict, workers: int = 1) -> dict[str, np.ndarray]:
     """Run the model's inference loop over named graphs for one numpy batch.
 
-    ``meta`` carries the model config (special token ids, decoding limit, collected outputs).
+    ``meta`` carries the model config (special token ids, decoding limit, collected outputs);
+    ``workers`` > 1 runs a looping model over that many row ranges at once (``decode.split_rows``).
     """
+    if workers > 1 and loop_kind(graphs) != "single":
+        return decode.split_rows(lambda part: run_loop(graphs, part, meta), batch, workers,
+                                 fill={"tokens": meta.get("pad_id", 0)})
     kind = loop_kind(graphs)
     if kind == "seq2seq":
         feeds = {n: batch[n] for n in graphs["encoder"].input_names}  # src + src_len, or an image

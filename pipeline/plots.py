@@ -11,13 +11,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def alignment(matrix: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str) -> None:
-    """Attention heatmap: rows = emitted target tokens, columns = source tokens (Bahdanau Fig. 3)."""
-    fig, ax = plt.subplots(figsize=(max(4, 0.45 * len(src) + 2), max(3, 0.4 * len(tgt) + 1.5)))
-    ax.imshow(matrix, cmap="gray", vmin=0, vmax=1, aspect="auto")
+def alignment(matrix: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str,
+              xlabel: str = "source token", ylabel: str = "output token", reference: str | None = None) -> None:
+    """Attention heatmap: rows = emitted target tokens, columns = source tokens (Bahdanau Fig. 3),
+    with its colour scale and, for a translation, the reference below the title."""
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * len(src) + 2.8), max(3, 0.4 * len(tgt) + 1.8)))
+    image = ax.imshow(matrix, cmap="gray", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(src)), src, rotation=70, fontsize=8)
     ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03).set_label("attention weight", fontsize=8)
+    ax.set_title(title + (f"\nreference: {reference}" if reference else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -191,6 +196,8 @@ def speech_alignment(features: np.ndarray, alignment: np.ndarray, letters: list[
     """Chorowski 2015 Fig. 2: the log-mel spectrogram (features [T,M]) above the alignment
     (alignment [letters, S] over the encoder steps of ``stack`` frames), on one time axis."""
     frames = features.shape[0]
+    # The alignment comes from a padded batch: only this utterance's encoder steps belong on its time axis.
+    alignment = alignment[:, : -(-frames // stack)]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5, frames / 45), 1.6 + 0.25 * len(letters)), sharex=True,
                                       gridspec_kw={"height_ratios": [1, max(1, len(letters) / 8)]})
     top.imshow(np.asarray(features, dtype=np.float32).T, origin="lower", aspect="auto", cmap="viridis",

@@ -205,9 +205,74 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
             "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (tmp / "MODEL_CARD.md").write_text(model_card(meta, served_metadata(name, version, tmp)))
     tmp.rename(repo / str(version))
     (repo / "config.pbtxt").write_text(config_pbtxt(name, repo, onnx_dir, graphs))
     return meta, True
+
+
+def served_metadata(name: str, version: int, folder: Path) -> dict | None:
+    """What the server answers for ``GET /v2/models/<name>`` (inputs, outputs), or None for a version
+    without a serving loop."""
+    from serving.kinds import load_version
+
+    whole, _, _ = load_version(name, version, folder, "cpu")
+    return whole.metadata([version]) if whole is not None else None
+
+
+def model_card(meta: dict, served: dict | None) -> str:
+    """``MODEL_CARD.md`` of a published version: what it is, its data and licence, its quality against
+    the bar, parity, limits, intended use and how to call it; from the version's own metadata."""
+    from pipeline.tasks import Task, TaskError, get_task
+    from serving.pyfunc import input_example
+
+    name, version = meta["model"], meta["version"]
+    try:
+        task = get_task(meta["task"])
+    except TaskError:  # a version made outside the pipeline (tests, hand-made graphs): the card says so
+        task = Task()
+    int8 = meta.get("precision") == "int8"
+    lines = [f"# {name}, version {version}", "",
+             f"`{meta['arch']}` on `{meta['task']}`, after {task.card.get('paper', 'no paper named')}. Published by "
+             f"attnzoo from commit `{meta.get('git_commit', 'unknown')}`. Precision: "
+             + (f"int8 (onnxruntime dynamic quantisation of `{meta['fp32_model']}` version {meta['fp32_version']})."
+                if int8 else "fp32."),
+             "", "## Intended use", "",
+             "A reproduction of a classic attention model, for study, comparison and as a reference deployment. It "
+             "knows only the distribution of its training data (below): not a general-purpose system for its "
+             "input kind, and not for decisions about people.",
+             "", "## Data and licence", "", f"- Data: {task.card['data']}.", f"- Licence: {task.card['licence']}.",
+             "", "## Quality", "", "| metric | bar | measured | met |", "|---|---|---|---|"]
+    bar = meta.get("bar") or {}
+    for c in bar.get("conditions", []):
+        lines.append(f"| {c['metric']} | {c['op']} {c['value']} | {c['measured']} | {'yes' if c['passed'] else 'no'} |")
+    if not bar.get("conditions"):
+        lines.append("| (no quality bar in params.yaml) | | | |")
+    lines += ["", f"Promoted to production: {'yes' if meta.get('production') else 'no'} (that takes parity and "
+              "every bar met). "
+              f"ONNX vs PyTorch parity of the fp32 graphs: {'passed' if meta.get('parity_passed') else 'FAILED'}."]
+    if int8:
+        rows = ", ".join(f"{c['metric']} {c['fp32']} → {c['int8']}" for c in meta["int8_gate"]["conditions"]) \
+            or meta["int8_gate"].get("note", "")
+        lines.append(f"int8 gate (worse than fp32 by at most {meta['int8_gate']['tolerance']}): passed ({rows}).")
+    limits = meta.get("serving", {}).get("limits") or {}
+    lines += ["", "## Limits", "", "A request over one of these is refused with HTTP 413: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(limits.items())) + "." if limits else "Server defaults."]
+    if served is not None:
+        lines += ["", "## How to call it", "", "| | name | datatype | shape |", "|---|---|---|---|"]
+        lines += [f"| {side} | `{s['name']}` | {s['datatype']} | {s['shape']} |"
+                  for side in ("input", "output") for s in served[f"{side}s"]]
+        example = input_example(served)
+        if example is not None:
+            body = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": next(
+                s["datatype"] for s in served["inputs"] if s["name"] == k), "data": v.ravel().tolist()}
+                for k, v in example.items()]}
+            lines += ["", "Open Inference Protocol (KServe v2) over HTTP, e.g. against `attnzoo serve`:", "",
+                      "```bash", f"curl -s localhost:8000/v2/models/{name}/versions/{version}/infer \\",
+                      f"  -H 'Content-Type: application/json' -d '{json.dumps(body)}'", "```"]
+        lines += ["", f"Without a server: `attnzoo predict {name} ... --local`; as an MLflow model: "
+                  f"`mlflow.pyfunc.load_model(\"models:/{name}@production\")`. Inputs of each kind: docs/serving.md."]
+    return "\n".join(lines) + "\n"
 
 
 def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str) -> str:
@@ -263,26 +328,73 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     if not parity["passed"]:  # a graph that does not compute what PyTorch computes is never deployable
         raise UserError(f"{run.name}: ONNX parity failed ({parity_path}); nothing was published. Fix the export "
                         f"and run `dvc repro export@{run.name}`")
+    if not (run.run_dir / "int8_metrics.json").exists():  # before anything is written: publish carries int8 too
+        raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
     config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
+    serving = {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)}
+    lineage = {"arch": run.arch, "task": run.task, "config": config["model"], "parity_passed": parity["passed"],
+               "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)}
+    artifacts = [run.data_dir / a for a in manifest.get("artifacts", [])]
     meta, created = write_version(
-        root / "model_repository" / run.name, run.name, onnx_dir,
-        {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)},
-        {"arch": run.arch, "task": run.task, "config": config["model"],
-         "metrics": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))},
-         "bar": metrics["bar"], "parity_passed": parity["passed"], "production": promote,
-         "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)},
-        [run.data_dir / a for a in manifest.get("artifacts", [])])
-    if not created:
-        return meta
-    version_dir = root / "model_repository" / run.name / str(meta["version"])
-    with tracking.run(run.name, "publish", root=root):
-        meta["mlflow_version"] = register(run.name, version_dir, meta, promote,
-                                          f"attnzoo {run.arch} on {run.task}")
-    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+        root / "model_repository" / run.name, run.name, onnx_dir, serving,
+        {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], "production": promote}, artifacts)
+    if created:
+        _register(run, root, meta, promote)
+    meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote)
     return meta
+
+
+def scalars(metrics: dict) -> dict:
+    """The metrics a version's metadata carries: the scalar ones (not per-length tables)."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
+
+
+def _register(run: RunConfig, root: Path, meta: dict, promote: bool) -> None:
+    """Register a newly written version in MLflow and record the MLflow version in its metadata."""
+    name = meta["model"]
+    version_dir = root / "model_repository" / name / str(meta["version"])
+    with tracking.run(name, "publish", root=root) as mlflow:
+        meta["mlflow_version"] = register(name, version_dir, meta, promote,
+                                          f"attnzoo {run.arch} on {run.task}"
+                                          + (f" (int8 variant of {run.name})" if name != run.name else ""))
+        mlflow.log_artifact(str(version_dir / "MODEL_CARD.md"))
+    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+
+
+# The int8 variant of model X is its own model, X-int8 (model_repository/X-int8/<version>/, MLflow model
+# X-int8): any KServe v2 or Triton client selects it by name, with versions and a default of its own.
+INT8_SUFFIX = "-int8"
+
+
+def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artifacts: list[Path],
+                 fp32_version: int, promote: bool) -> dict:
+    """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` when their quality gate passed
+    (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics, the gate, the bar
+    checked on the int8 metrics, and the fp32 version it was made beside. Production only when the
+    fp32 model is and the int8 metrics meet the bar too. Returns what happened (``main`` prints it)."""
+    from pipeline.evaluate import check_bar
+
+    name = run.name + INT8_SUFFIX
+    repo = root / "model_repository" / name
+    repo.mkdir(parents=True, exist_ok=True)  # the stage's output also when nothing is published
+    report_path = run.run_dir / "int8_metrics.json"
+    report = json.loads(report_path.read_text())
+    if not report["gate"]["passed"]:
+        why = report["gate"].get("note") or "int8 is worse than fp32 by more than the gate allows"
+        return {"model": name, "published": False, "reason": f"{why} ({report_path.relative_to(root)})"}
+    bar = check_bar(report["metrics"], run.bar or [])
+    meta, created = write_version(
+        repo, name, run.run_dir / "int8", serving,
+        {**lineage, "precision": "int8", "fp32_model": run.name, "fp32_version": fp32_version,
+         "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"],
+         "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
+        artifacts)
+    if created:
+        _register(run, root, meta, meta["production"])
+    return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -296,6 +408,10 @@ def main(argv: list[str] | None = None) -> None:
         meta = publish(resolve(args.model))
         print(f"{args.model}: version {meta['version']} in model_repository/{args.model} "
               f"({'production' if meta['production'] else 'not promoted: bar or parity not met'})")
+        int8 = meta["int8"]
+        print(f"{int8['model']}: version {int8['version']} in model_repository/{int8['model']} "
+              f"({'production' if int8['production'] else 'not promoted: bar or parity not met'})"
+              if int8["published"] else f"{int8['model']}: not published: {int8['reason']}")
 
     run_cli(body)
 

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import torch
 
 from pipeline import tracking
@@ -180,9 +181,6 @@ def quantize(run: RunConfig, conf: dict) -> dict:
         result_gate = {"tolerance": conf["tolerance"], "passed": False, "conditions": [],
                        "note": f"not measured: {err}"}
     seconds = round(time.time() - started, 1)
-    int8.pop("eval_seconds", None)
-    import onnxruntime
-
     report = {
         "quantization": {"method": "dynamic", "weights": "int8", "op_types": conf["op_types"],
                          "onnxruntime": onnxruntime.__version__},

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline import plots
+from pipeline import plots, tracking
 from pipeline.config import ROOT
 
 BAR = {True: "met", False: "not met", None: "none set"}
@@ -45,12 +45,35 @@ def report(task: str, root: Path = ROOT) -> str:
     lines += ["", f"## {spec['metric']} by {spec['xlabel']}", "",
               "| model | " + " | ".join(spec["labels"]) + " |", "|---|" + "---|" * len(spec["labels"])]
     lines += [f"| {r['model']} | " + " | ".join(str(v) for v in r["by_length"]["values"]) + " |" for r in rows]
+    if spec.get("counts"):  # how many test items each bucket holds (same for every model)
+        lines.append("| *test items* | " + " | ".join(str(v) for v in spec["counts"]) + " |")
     lines += ["", f"![by length]({task}_by_length.png)", ""]
+    lines += by_group(rows)
     plots.by_length({r["model"]: r["by_length"]["values"] for r in rows}, spec["labels"],
                     out / f"{task}_by_length.png", spec["xlabel"], spec["metric"], task)
     text = "\n".join(lines)
     (out / f"{task}.md").write_text(text)
     return text
+
+
+def by_group(rows: list[dict]) -> list[str]:
+    """A task's per-group table (translation: BLEU by corpus source), with its floor row (copying
+    the source) when the task gives one; rows without groups add nothing."""
+    grouped = [r for r in rows if r.get("by_group")]
+    if not grouped:
+        return []
+    spec = grouped[0]["by_group"]
+    labels = sorted({label for r in grouped for label in r["by_group"]["labels"]})
+    lines = [f"## {spec['metric']} by {spec['title']}", "", spec.get("note", ""), "",
+             "| model | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for r in grouped:
+        got = dict(zip(r["by_group"]["labels"], r["by_group"]["values"]))
+        lines.append(f"| {r['model']} | " + " | ".join(str(got.get(label, "—")) for label in labels) + " |")
+    for key, name in (("floor", "*copy the source*"), ("counts", "*test items*")):
+        if spec.get(key):
+            got = dict(zip(spec["labels"], spec[key]))
+            lines.append(f"| {name} | " + " | ".join(str(got.get(label, "—")) for label in labels) + " |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write the comparison report of one task.")
     ap.add_argument("task")
     args = ap.parse_args(argv)
-    run_cli(lambda: print(report(args.task)))
+
+    def body():
+        print(report(args.task, root=ROOT))
+        with tracking.run(args.task, "report") as mlflow:  # the table and its plot beside the stages' runs
+            for name in (f"{args.task}.md", f"{args.task}_by_length.png"):
+                if (ROOT / "reports" / name).exists():
+                    mlflow.log_artifact(str(ROOT / "reports" / name))
+
+    run_cli(body)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,20 @@ def validate(model: nn.Module, loader, accelerator) -> dict[str, float]:
     return {f"val_{k}": summed[i].item() / count for i, k in enumerate(keys) if k != "_n"}
 
 
+def write_curves(folder: Path, curve: dict[str, list[dict]]) -> None:
+    """``train_loss.csv`` and ``val_loss.csv`` (step first, the plotted loss last: DVC plots take the
+    last column as y), declared as DVC plots of the train stage and drawn by ``dvc plots show``."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train_loss", curve["train"]), ("val_loss", curve["val"])):
+        fields = ["step", *sorted({k for r in rows for k in r} - {"step", name}), name]
+        with open(folder / f"{name}.csv", "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+            out.writeheader()
+            out.writerows({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+
+
 def rng_state() -> dict:
     """Every RNG a training step may draw from (torch, numpy, Python), for exact resume."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -246,9 +260,18 @@ def train(
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    accelerator = Accelerator(cpu=not has_accelerator())
-    rank, world = accelerator.process_index, accelerator.num_processes
     cfg = run.train
+    if cfg.precision not in ("fp32", "bf16"):
+        raise UserError(f"{run.name}: train.precision is '{cfg.precision}'; use fp32 or bf16")
+    # Accelerate keeps its state per process: a second training in one process (tests, a Ray worker
+    # reused by another tune trial) would silently keep the first one's precision. The distributed
+    # state (PartialState) stays. Only an explicit bf16 is passed: with fp32 the launcher's choice
+    # stands (gpu_check launches with --mixed_precision bf16).
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="bf16" if cfg.precision == "bf16" else None)
+    rank, world = accelerator.process_index, accelerator.num_processes
     set_seed(cfg.seed)
     out_dir = Path(out_dir or run.run_dir)
     ckpt = out_dir / "checkpoint"
@@ -275,7 +298,12 @@ def train(
     plain = accelerator.unwrap_model(wrapped)  # validation needs no gradient sync
 
     digest = config_hash(run)
-    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None}
+    # "seconds": training time of the processes before this one, up to the checkpoint they left, so that
+    # a resumed run's train_seconds counts the whole run, not only its last process.
+    # "curve": the learning curve so far ([step, train loss] every log_every steps, [step, val metrics...]
+    # at each validation), in the checkpoint so that a resumed run's curve is the uninterrupted one.
+    state = {"step": 0, "best": float("inf"), "best_step": 0, "mlflow_run_id": None, "seconds": 0.0,
+             "curve": {"train": [], "val": []}}
     resumed = checkpoint.load_last(ckpt, digest, plain.model, optimizer, scheduler)
     saved_rng = None
     if resumed:
@@ -284,10 +312,11 @@ def train(
         accelerator.print(f"resuming {run.name} from step {state['step']}")
     main = accelerator.is_main_process
     every = checkpoint_seconds()
-    started = time.time()
+    started, seconds_before = time.time(), state["seconds"]
 
     def save_last() -> None:
         rngs = gather_rng(accelerator)  # a collective: every rank takes part
+        state["seconds"] = seconds_before + time.time() - started
         if main:
             checkpoint.save(ckpt / "last", plain.model, run, optimizer, scheduler,
                             {**state, "hash": digest, "rng": rngs})
@@ -340,6 +369,7 @@ def train(
                     mlflow.log_metrics({"train_loss": loss.item(), "lr": scheduler.get_last_lr()[0],
                                         **{f"train_{k}": v.item() for k, v in logs.items()}},
                                        step=state["step"])
+                    state["curve"]["train"].append({"step": state["step"], "train_loss": loss.item()})
                     bar.set_postfix(loss=f"{loss.item():.3f}")
                 validating = state["step"] % eval_every == 0 or state["step"] >= total
                 if validating:
@@ -349,6 +379,7 @@ def train(
                         state.update(best=last_val["val_loss"], best_step=state["step"])
                     if mlflow:
                         mlflow.log_metrics(last_val, step=state["step"])
+                        state["curve"]["val"].append({"step": state["step"], **last_val})
                     if main and improved:
                         checkpoint.save(ckpt / "best", plain.model, run)
                     bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{last_val['val_loss']:.3f}")
@@ -361,12 +392,13 @@ def train(
                     break
         bar.close()
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"],
-                   "steps": state["step"], "train_seconds": round(time.time() - started, 1),
+                   "steps": state["step"], "train_seconds": round(seconds_before + time.time() - started, 1),
                    "processes": world}
         if mlflow:
             mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             if main:
                 (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+                write_curves(out_dir / "learning_curves", state["curve"])
     accelerator.end_training()
     return summary
 

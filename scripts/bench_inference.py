@@ -13,7 +13,9 @@ recipe of ``quantize@<model>`` (``pipeline.quantize.quantize_graphs``: onnxrunti
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
 the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
-noisy: compare within one row); the figure is the median of the repeats, in ms.
+noisy: compare within one row); the figure is the median of the repeats, in ms. At t threads PyTorch runs with t intra-op threads; ONNX Runtime as the
+server does: a single graph with t intra-op threads, a looping model's graphs with one each and a
+batch's rows split over t loops at once (``serving.decode.split_rows``).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def timed(fns: dict, repeats: int) -> dict[str, float]:
     return {k: median_ms(v) for k, v in times.items()}
 
 
-def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int) -> dict:
+def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int, workers: int = 1) -> dict:
     """Whole loop and per graph, for one list of batches: eager (PyTorch's own ``predict``, as
     ``evaluate`` runs it; per graph the eager module) vs the serving loop over each ORT engine."""
     from functools import partial
@@ -144,7 +146,7 @@ def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int) 
         run_loop({g: TorchGraph(s, records[g]) for g, s in specs.items()}, b, meta)
 
     def loop(graphs):
-        return [run_loop(graphs, b, meta) for b in np_group]
+        return [run_loop(graphs, b, meta, workers) for b in np_group]
 
     def replay(graph, feeds):
         return [graph(f) for f in feeds]
@@ -166,7 +168,7 @@ def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int) 
 
 def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict:
     """One entry at each thread count: ``{"model", "loop", "by_threads": {t: {"loop_ms", "graphs",
-    "int8_same"}}}`` (PyTorch's and ONNX Runtime's intra-op threads both set to t)."""
+    "int8_same"}}}`` (t threads each: see the module docstring)."""
     import torch
 
     from pipeline.checkpoint import load_model
@@ -189,11 +191,17 @@ def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict
         quantize_graphs(folder, list(specs), Path(tmp), settings(name, load_params(root))["op_types"])
         for t in threads:
             torch.set_num_threads(t)
-            engines = {"fp32": {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=t) for g in specs},
-                       "int8": {g: OrtGraph(Path(tmp) / f"{g}.onnx", provider="cpu", threads=t) for g in specs}}
+            # As the server runs them: a looping model's sessions with one intra-op thread each and
+            # its batch's rows over t loops at once (``--loop-ort-threads 1 --infer-threads t``); a
+            # single graph with t intra-op threads.
+            looping = row["loop"] != "single"
+            per_session, workers = (1, t) if looping else (t, 1)
+            engines = {"fp32": {g: OrtGraph(folder / f"{g}.onnx", provider="cpu", threads=per_session) for g in specs},
+                       "int8": {g: OrtGraph(Path(tmp) / f"{g}.onnx", provider="cpu", threads=per_session)
+                                for g in specs}}
             at = row["by_threads"][t] = {"graphs": {}, "loop_ms": {}, "int8_same": {}}
             for size, group in batches.items():
-                got = bench_batches(model, specs, meta, group, engines, repeats)
+                got = bench_batches(model, specs, meta, group, engines, repeats, workers)
                 at["loop_ms"][size] = got["loop_ms"]
                 at["int8_same"][size] = got["int8_same"]
                 for g, by in got["graphs"].items():

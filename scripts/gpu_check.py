@@ -1,10 +1,11 @@
 """GPU readiness check (run by scripts/gpu_check.sh on a machine with a CUDA device).
 
 1. Parity of every model trained and published in this checkout on the CUDA execution provider: the
-   export stage's own gate (``pipeline.export.parity_check``), twice: with TF32 off (``use_tf32=0``:
-   fp32 arithmetic, what the gate's fp32 tolerances are for) and with onnxruntime's default, which
-   lets MatMul/Conv run in TF32 on Ampere and later GPUs (about 1e-3 relative error). Each row keeps
-   the largest graph-output error and whether the end-to-end outputs (tokens, decisions) still agree.
+   export stage's own gate (``pipeline.export.parity_check``), twice: as the server runs it (TF32 off,
+   ``serving.runtime.CUDA_OPTIONS``: fp32 arithmetic, what the gate's fp32 tolerances are for) and
+   with TF32 on (onnxruntime's own default, about 1e-3 relative error on Ampere and later GPUs). Each
+   row keeps the largest graph-output error and whether the end-to-end outputs (tokens, decisions)
+   still agree.
 2. Whole-loop inference time, ONNX Runtime on CUDA (both settings) vs PyTorch on CUDA, batch 1 and
    batch 32 (the cases of ``scripts/bench_inference.py``).
 3. The Transformer trained for ``--steps`` steps with bf16 autocast through ``accelerate launch``:
@@ -58,20 +59,24 @@ def trained_models(root: Path) -> list[str]:
     return [n for n in names if (root / "runs" / n / "checkpoint" / "best").is_dir() and latest_graphs(n, root)]
 
 
-# onnxruntime's CUDA EP options per setting checked; None: the EP's defaults.
-CUDA_SETTINGS = {"fp32": {"use_tf32": "0"}, "tf32": None}
+# The CUDA EP options per setting checked; None: the server's own (serving.runtime.CUDA_OPTIONS, fp32).
+CUDA_SETTINGS = {"fp32": None, "tf32": {"use_tf32": "1"}}
 
 
 @contextlib.contextmanager
 def cuda_options(options: dict | None):
-    """Every session ``serving.runtime`` opens in this block asks for the CUDA EP with ``options``.
-    The server opens it with onnxruntime's defaults (TF32 allowed); this check also needs the fp32
-    setting, and ``providers()`` is the one place the list is made, so it is wrapped, not copied."""
+    """Every session ``serving.runtime`` opens in this block asks for the CUDA EP with ``options``
+    instead of the server's own. ``providers()`` is the one place the list is made, so it is wrapped,
+    not copied."""
     import serving.runtime as rt
 
     plain = rt.providers
+
+    def name(p):
+        return p[0] if isinstance(p, tuple) else p
+
     if options is not None:
-        rt.providers = lambda requested="auto": [(p, options) if p == "CUDAExecutionProvider" else p
+        rt.providers = lambda requested="auto": [(name(p), options) if name(p) == "CUDAExecutionProvider" else p
                                                  for p in plain(requested)]
     try:
         yield
@@ -260,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(summary_lines(report, list(settings))))
     if args.write:
         (ROOT / "docs" / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    # The gate is the fp32 one (its tolerances are fp32's); the TF32 rows are what a server with
-    # onnxruntime's defaults answers, reported beside it.
+    # The gate is the fp32 one (its tolerances are fp32's, and the server runs fp32); the TF32 rows
+    # show what onnxruntime's own default would answer, reported beside it.
     if not all(report["parity"]["fp32"][m]["passed"] for m in names):
         raise SystemExit(1)
 

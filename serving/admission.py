@@ -68,6 +68,18 @@ def deadline_scope(seconds: float):
         _local.deadline = previous
 
 
+@contextmanager
+def deadline_carried(deadline: tuple[float, float] | None):
+    """Run the body (in a helper thread) under another thread's :func:`current_deadline`, so work a
+    request hands to other threads stops at the same moment as the request."""
+    previous = getattr(_local, "deadline", None)
+    _local.deadline = deadline
+    try:
+        yield
+    finally:
+        _local.deadline = previous
+
+
 def current_deadline() -> tuple[float, float] | None:
     """(monotonic time, seconds) of this thread's request deadline, or None outside a request."""
     return getattr(_local, "deadline", None)
@@ -87,7 +99,8 @@ class _Gate:
         self.resize(size)
 
     def resize(self, size: int) -> None:
-        self.semaphore = threading.BoundedSemaphore(max(1, size))
+        self.size = max(1, size)
+        self.semaphore = threading.BoundedSemaphore(self.size)
 
     def __enter__(self):
         self.semaphore.acquire()

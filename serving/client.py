@@ -124,14 +124,17 @@ class Client:
         return out
 
     def translate(self, name: str, texts: list[str], decode_mode: str = "beam",
-                  version: str | int | None = None) -> list[dict]:
-        out = self.infer(name, {"text": list(texts)}, version, parameters={"decode": decode_mode})
+                  version: str | int | None = None, nbest: int = 1) -> list[dict]:
+        """Each text -> translation, pieces, attention and ``nbest``: [(hypothesis, score)], best first."""
+        params = {"decode": decode_mode, **({"nbest": nbest} if nbest != 1 else {})}
+        out = self.infer(name, {"text": list(texts)}, version, parameters=params)
         results = []
         for i, text in enumerate(out["translation"]):
             tgt = [p for p in out["target_pieces"][i] if p]
             src = [p for p in out["source_pieces"][i] if p]
+            ranked = [(str(h), float(sc)) for h, sc in zip(out["nbest"][i], out["nbest_scores"][i]) if h or sc == sc]
             results.append({"translation": str(text), "source_pieces": src, "target_pieces": tgt,
-                            "attention": out["attention"][i, : len(tgt), : len(src)]})
+                            "attention": out["attention"][i, : len(tgt), : len(src)], "nbest": ranked})
         return results
 
 
@@ -396,6 +399,10 @@ def translate_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--version", default=None, help="a published version (default: the newest promoted one)")
     ap.add_argument("--decode", choices=("beam", "greedy"), default="beam", help="search (default %(default)s)")
     ap.add_argument("--batch", type=int, default=16, help="sentences a request (default %(default)s)")
+    ap.add_argument("--nbest", type=int, default=1, metavar="K",
+                    help="write the K best beam hypotheses of each line with their scores, in Moses' n-best "
+                         "format 'LINE ||| TRANSLATION ||| SCORE' (LINE from 0; blank lines have none); "
+                         "default 1: the translation alone, line for line")
     args = ap.parse_args(argv)
     try:
         lines = args.input.read_text(encoding="utf-8").splitlines()
@@ -405,6 +412,8 @@ def translate_main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: --output is the input file; name another file so the input is kept")
     if args.batch < 1:
         raise SystemExit("error: --batch must be at least 1")
+    if args.nbest < 1 or (args.nbest > 1 and args.decode != "beam"):
+        raise SystemExit("error: --nbest must be at least 1, and above 1 only with --decode beam")
     from tqdm.auto import tqdm
 
     client = LocalClient(args.repository) if args.local else Client(args.url)
@@ -414,9 +423,14 @@ def translate_main(argv: list[str] | None = None) -> None:
             for start in range(0, len(lines), args.batch):
                 chunk = lines[start : start + args.batch]
                 texts = [t for t in chunk if t.strip()]  # blank lines stay blank, untranslated
-                done = iter(r["translation"] for r in client.translate(args.model, texts, args.decode, args.version)) \
+                done = iter(client.translate(args.model, texts, args.decode, args.version, args.nbest)) \
                     if texts else iter(())
-                out += [next(done) if t.strip() else "" for t in chunk]
+                for n, text in enumerate(chunk, start=start):
+                    result = next(done) if text.strip() else None
+                    if args.nbest == 1:
+                        out.append(result["translation"] if result else "")
+                    elif result:
+                        out += [f"{n} ||| {hyp} ||| {score:.4f}" for hyp, score in result["nbest"]]
                 bar.update(len(chunk))
     except ServerError as err:
         print(f"error: {err} ({len(out)} of {len(lines)} lines were translated; nothing was written)",

@@ -15,11 +15,70 @@ initial state; ``step`` takes ``x`` [B,I] and the state X, returns ``logits`` an
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from serving.admission import current_deadline, deadline_carried
+
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Loop = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _helpers(count: int) -> ThreadPoolExecutor:
+    """A process-wide pool with at least ``count`` threads (grown, never shrunk)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < count:
+            _pool = ThreadPoolExecutor(count, thread_name_prefix="attnzoo-rows")
+        return _pool
+
+
+def split_rows(loop: Loop, feeds: dict[str, np.ndarray], workers: int, fill: dict[str, float] | None = None,
+               min_rows: int = 4) -> dict[str, np.ndarray]:
+    """``loop(feeds)`` over ``workers`` contiguous row ranges of the batch at once, outputs joined back.
+
+    Why: a decoding loop makes many small graph calls (RAM: 8 glimpses, a decoder: one per token). At
+    batch 32 one ONNX Runtime session gains little from a second intra-op thread on such small ops,
+    while two single-thread loops over half the rows each use both cores (onnxruntime releases the
+    GIL inside ``run``; sessions may be run from several threads at once). Rows never interact, so
+    each row's result is the one the whole batch gives; a loop whose per-row outputs run for a
+    different number of steps in two ranges (greedy tokens [B,T]) is padded along its later axes
+    with ``fill[name]`` (default 0), as the whole batch pads rows that ended early.
+
+    Args: feeds {name: [B,...]}; workers: how many ranges at most (each at least ``min_rows`` rows).
+    Returns: the loop's outputs over all B rows, in order.
+    """
+    rows = next(iter(feeds.values())).shape[0]
+    count = min(workers, rows // max(1, min_rows))
+    if count <= 1:
+        return loop(feeds)
+    edges = np.linspace(0, rows, count + 1).astype(int)
+    # Per-row inputs are cut; anything else (no batch axis of this size) goes whole to every range.
+    parts = [{k: v[a:b] if np.ndim(v) and np.shape(v)[0] == rows else v for k, v in feeds.items()}
+             for a, b in zip(edges[:-1], edges[1:])]
+    deadline = current_deadline()  # the request's: helper threads stop with it
+
+    def run(part):
+        with deadline_carried(deadline):
+            return loop(part)
+
+    pending = [_helpers(count - 1).submit(run, part) for part in parts[1:]]
+    outs = [loop(parts[0])] + [p.result() for p in pending]  # the first range in this thread
+    fill = fill or {}
+    joined = {}
+    for name in outs[0]:
+        arrays = [np.asarray(o[name]) for o in outs]
+        shape = np.max([a.shape for a in arrays], axis=0)  # [ndim]: the widest range per axis
+        padded = [np.pad(a, [(0, 0)] + [(0, int(m) - n) for m, n in zip(shape[1:], a.shape[1:])],
+                         constant_values=fill.get(name, 0)) for a in arrays]
+        joined[name] = np.concatenate(padded, 0)
+    return joined
 
 
 def _carried(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -73,7 +132,8 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     :func:`greedy`); hypotheses are ranked by
     log p / length**length_penalty (``length_penalty`` 0: by log p, with an exact stopping rule).
 
-    Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float.
+    Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float, and
+    nbest: up to ``beam`` hypotheses as (tokens, score), best first (the first is tokens, score).
     """
     enc = encoder(_encoder_feeds(src, src_len))
     state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [K,...]
@@ -118,11 +178,18 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
         scores = np.array(next_scores + [-np.inf] * pad)
         y = np.array(next_tokens + [next_tokens[0]] * pad, dtype=np.int64)
         state.update({name: value[idx] for name, value in _carried(out).items()})
+    live = sorted((k for k in range(len(hyps)) if np.isfinite(scores[k])), key=lambda k: -scores[k])
     if not finished:  # no hypothesis ended within max_len: take the best unfinished one
         k = int(np.argmax(scores))
         finished.append((scores[k], hyps[k], aligns[k]))
-    norm, tokens, align = max(finished, key=lambda f: f[0])
-    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm)}
+        live = [j for j in live if j != k]
+    ranked = sorted(finished, key=lambda f: -f[0])[:beam]  # stable: ties keep the order they finished in
+    # n-best: with fewer than `beam` ended, the live hypotheses follow (by log p, as the fallback above),
+    # never ahead of an ended one, so the best hypothesis is the one beam search returns.
+    ranked += [(scores[k], hyps[k], aligns[k]) for k in live][: beam - len(ranked)]
+    norm, tokens, align = ranked[0]
+    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm),
+            "nbest": [(np.array(t, dtype=np.int64), float(n)) for n, t, _ in ranked]}
 
 
 def transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singles: list[dict[str, np.ndarray]],

@@ -12,8 +12,16 @@ from serving.admission import COMPUTE, check_deadline
 log = logging.getLogger("attnzoo.serving")
 
 
-def providers(requested: str = "auto") -> list[str]:
-    """Execution providers: CUDA when present (``auto``) or asked for, CPU always last."""
+# onnxruntime's CUDA EP lets MatMul/Conv run in TF32 on Ampere and later GPUs by default. Measured on
+# an H100 (docs/benchmarks.md, GPU): graph outputs then differ from PyTorch fp32 by up to 4.7e-3, past
+# the export gate's fp32 tolerances, and both OCR models decoded other tokens than the gated ones. With
+# TF32 off every model passed the gate on CUDA; whole loops took -9 % to +14 % the time of TF32 ones.
+CUDA_OPTIONS = {"use_tf32": "0"}
+
+
+def providers(requested: str = "auto") -> list[str | tuple[str, dict]]:
+    """Execution providers: CUDA (fp32: :data:`CUDA_OPTIONS`) when present (``auto``) or asked for,
+    CPU always last."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -24,8 +32,14 @@ def providers(requested: str = "auto") -> list[str]:
     # onnxruntime-gpu lists CUDA even without a GPU and falls back silently; only ask for it
     # when a CUDA device is actually visible.
     if "CUDAExecutionProvider" in available and _cuda_device_visible():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return [("CUDAExecutionProvider", CUDA_OPTIONS), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def uses_cuda(requested: str = "auto") -> bool:
+    """Whether :func:`providers` puts the CUDA EP first (sessions would run on the GPU)."""
+    first = providers(requested)[0]
+    return (first[0] if isinstance(first, tuple) else first) == "CUDAExecutionProvider"
 
 
 def _cuda_device_visible() -> bool:

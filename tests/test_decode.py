@@ -99,3 +99,107 @@ def test_beam_without_normalisation_does_not_stop_before_the_best_hypothesis_end
     # only after it ends (-0.31) is the best finished hypothesis known.
     best = beam_search(encoder, step, src, n, 0, 0, 4, beam=2, length_penalty=0.0)
     assert best["tokens"].tolist() == [1, 1] and abs(best["score"] + 0.31) < 1e-9
+
+
+def test_split_rows_gives_each_row_the_whole_batch_result():
+    """Greedy decoding of 8 sentences over two row ranges at once (``run_loop(workers=2)``): every
+    row's tokens, length and attention up to its end are the whole batch's; the tokens of the range
+    that stopped earlier are padded as the batch pads rows that ended; both ranges really ran in
+    threads of their own."""
+    from pipeline.graphs import run_loop
+
+    torch.manual_seed(0)
+    model = models.build("bahdanau", TINY["bahdanau"]).eval()
+    specs = model.export_graphs()
+    seen = set()
+
+    class Recording(TorchGraph):
+        def __call__(self, feeds):
+            import threading
+
+            seen.add(threading.get_ident())
+            return super().__call__(feeds)
+
+    graphs = {g: Recording(s) for g, s in specs.items()}
+    rng = np.random.default_rng(0)
+    src_len = rng.integers(2, 7, 8)  # [8]: sentences of 2..6 tokens, EOS last
+    src = rng.integers(4, TINY["bahdanau"]["src_vocab"], (8, 6))  # [8,6]
+    src[np.arange(8), src_len - 1] = EOS
+    src[np.arange(6)[None, :] >= src_len[:, None]] = 0
+    batch = {"src": src.astype(np.int64), "src_len": src_len.astype(np.int64)}
+    meta = {**model.cfg.__dict__}
+    whole = run_loop(graphs, batch, meta)
+    seen.clear()
+    split = run_loop(graphs, batch, meta, workers=2)
+    assert len(seen) == 2
+    np.testing.assert_array_equal(split["lengths"], whole["lengths"])
+    for i, n in enumerate(whole["lengths"]):
+        np.testing.assert_array_equal(split["tokens"][i, :n + 1], whole["tokens"][i, :n + 1])
+        np.testing.assert_allclose(split["attention"][i, :n + 1], whole["attention"][i, :n + 1], atol=1e-6)
+    assert split["tokens"].shape == whole["tokens"].shape
+    np.testing.assert_array_equal(split["tokens"], whole["tokens"])  # pads beyond EOS included
+
+
+def test_split_rows_glimpses_equal_and_small_batches_stay_whole():
+    from pipeline.graphs import run_loop
+    from serving.decode import split_rows
+
+    torch.manual_seed(0)
+    model = models.build("ram", TINY["ram"]).eval()
+    graphs = {g: TorchGraph(s) for g, s in model.export_graphs().items()}
+    batch = {k: v.numpy() for k, v in tiny_batch("ram", batch=9).items()}
+    meta = {**model.cfg.__dict__}
+    whole, split = run_loop(graphs, batch, meta), run_loop(graphs, batch, meta, workers=2)
+    assert set(split) == set(whole)
+    for k in whole:
+        np.testing.assert_allclose(split[k], whole[k], atol=1e-6)
+    calls = []
+    split_rows(lambda f: calls.append(len(f["x"])) or {"y": f["x"]}, {"x": np.zeros(7)}, workers=2)
+    assert calls == [7]  # under 2 x min_rows (4): one range
+
+
+def test_split_rows_helper_threads_keep_the_request_deadline():
+    import time
+
+    import pytest
+
+    from serving.admission import DeadlineExceeded, check_deadline, deadline_scope
+    from serving.decode import split_rows
+
+    def slow(feeds):
+        time.sleep(0.05)
+        check_deadline()
+        return {"y": feeds["x"]}
+
+    with deadline_scope(0.01), pytest.raises(DeadlineExceeded):
+        split_rows(slow, {"x": np.zeros(8)}, workers=2)
+    assert split_rows(slow, {"x": np.arange(8)}, workers=2)["y"].tolist() == list(range(8))
+
+
+def test_split_rows_pads_the_range_that_ended_earlier_as_the_batch_does():
+    """Row i says EOS after src_len[i] tokens: the first range (lengths 1..2) stops at step 3 while
+    the second (5..6) runs to 7; joined, every array equals the whole batch's up to the pads."""
+    from serving.decode import split_rows
+
+    def enc(feeds):
+        return {"count": np.zeros(len(feeds["src"]), np.int64), "limit": feeds["src_len"]}
+
+    def counting(feeds):
+        count = feeds["count"] + 1
+        logp = np.full((len(count), 4), -5.0)
+        logp[np.arange(len(count)), np.where(count > feeds["limit"], EOS, 3)] = 0.0
+        return {"log_probs": logp, "new_count": count, "attention": np.ones((len(count), 2)) * count[:, None]}
+
+    lens = np.array([1, 2, 1, 2, 5, 6, 5, 6])
+    src = np.zeros((8, 3), np.int64)
+
+    def loop(feeds):
+        return greedy(enc, counting, feeds["src"], feeds["src_len"], BOS, EOS, max_len=10)
+
+    whole = loop({"src": src, "src_len": lens})
+    split = split_rows(loop, {"src": src, "src_len": lens}, workers=2, fill={"tokens": 0})
+    np.testing.assert_array_equal(split["lengths"], lens)
+    np.testing.assert_array_equal(split["tokens"], whole["tokens"])  # [8,7]: 3s, EOS, then pad 0
+    assert split["attention"].shape == whole["attention"].shape == (8, 7, 2)
+    for i, n in enumerate(lens):
+        np.testing.assert_array_equal(split["attention"][i, : n + 1], whole["attention"][i, : n + 1])

@@ -26,16 +26,22 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
         "gpu_check: no CUDA device visible to PyTorch on this machine; nothing to check"]
 
 
-def test_cuda_options_reach_the_cuda_provider_only_and_are_undone(monkeypatch):
+def test_the_server_asks_for_cuda_in_fp32_and_the_check_can_switch_tf32_on(monkeypatch):
+    import onnxruntime as ort
+
     import serving.runtime as rt
 
-    monkeypatch.setattr(rt, "providers", lambda requested="auto": ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(rt, "_cuda_device_visible", lambda: True)
+    served = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert rt.providers("auto") == served and rt.uses_cuda()
+    assert rt.providers("cpu") == ["CPUExecutionProvider"] and not rt.uses_cuda("cpu")
     plain = rt.providers
-    with gpu_check.cuda_options({"use_tf32": "0"}):
-        assert rt.providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    with gpu_check.cuda_options({"use_tf32": "1"}):
+        assert rt.providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "1"}), "CPUExecutionProvider"]
     assert rt.providers is plain
-    with gpu_check.cuda_options(None):  # onnxruntime's defaults: the list as serving.runtime makes it
-        assert rt.providers("cuda") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    with gpu_check.cuda_options(None):  # the server's own options
+        assert rt.providers("cuda") == served
 
 
 def test_summarise_keeps_the_largest_graph_error_and_the_end_to_end_verdict():

@@ -73,3 +73,28 @@ def test_local_errors_are_one_sentence_and_write_nothing(tmp_path):
     assert not target.exists()
     proc = cli("translate", "-i", str(tmp_path / "missing.txt"), "-o", str(target))
     assert proc.returncode != 0 and proc.stderr.startswith("error: cannot read") and not target.exists()
+
+
+def test_translate_writes_the_n_best_hypotheses_with_their_scores(server, tmp_path):  # noqa: F811
+    source = tmp_path / "de.txt"
+    source.write_text("\n".join([TEXTS[0], "", TEXTS[1]]) + "\n", encoding="utf-8")
+    target = tmp_path / "nbest.txt"
+    proc = cli("translate", "-i", str(source), "-o", str(target), "--nbest", "3", "--local", "--repository",
+               str(server.published.repo))
+    assert proc.returncode == 0, proc.stderr
+    want = server.client.translate("bahdanau", [TEXTS[0], TEXTS[1]], nbest=3)
+    # Moses' n-best format, lines numbered from 0 (the blank line 1 has none), best first
+    assert target.read_text(encoding="utf-8").splitlines() == [
+        f"{n} ||| {hyp} ||| {score:.4f}" for n, r in zip((0, 2), want) for hyp, score in r["nbest"]]
+    for r in want:
+        hyps = [hyp for hyp, _ in r["nbest"]]
+        assert 1 < len(hyps) <= 3 and len(set(hyps)) == len(hyps)  # distinct hypotheses, at most the beam
+        assert hyps[0] == r["translation"]  # the best hypothesis is the translation
+    assert server.client.translate("bahdanau", [TEXTS[0]])[0]["nbest"] == want[0]["nbest"][:1]
+    with pytest.raises(ServerError, match="'nbest' above 1 needs decode 'beam'"):
+        server.client.infer("bahdanau", {"text": [TEXTS[0]]}, parameters={"decode": "greedy", "nbest": 2})
+    with pytest.raises(ServerError, match="'nbest' must be an integer from 1 to the beam size"):
+        server.client.infer("bahdanau", {"text": [TEXTS[0]]}, parameters={"nbest": 99})
+    proc = cli("translate", "-i", str(source), "-o", str(target), "--nbest", "2", "--decode", "greedy", "--local")
+    assert proc.returncode != 0 and proc.stderr.strip() == \
+        "error: --nbest must be at least 1, and above 1 only with --decode beam"

@@ -25,10 +25,10 @@ from tests.mlflow_server import free_port, mlflow_server
 pytestmark = pytest.mark.slow
 
 PARITY = {"seed": 1, "bits": 6, "train_size": 256, "val_size": 32, "test_size": 300}  # export's cases use 264
-# The four stages, each through its CLI entry point, in one interpreter: a process per stage would
+# The five stages, each through its CLI entry point, in one interpreter: a process per stage would
 # spend most of this test importing torch and MLflow (ACT on parity: the tiny model whose export is fastest).
-STAGES = ("from pipeline import train, evaluate, export, publish\n"
-          "for stage in (train, evaluate, export, publish): stage.main(['act'])")
+STAGES = ("from pipeline import train, evaluate, export, quantize, publish\n"
+          "for stage in (train, evaluate, export, quantize, publish): stage.main(['act'])")
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +75,14 @@ def test_stages_log_to_a_tracking_server(repo, server):
     proc = stage(repo, url, "-c", STAGES)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "act: version 1 in model_repository/act (production)" in proc.stdout, proc.stdout
+    assert "act-int8: version 1 in model_repository/act-int8 (production)" in proc.stdout, proc.stdout
 
     client = mlflow.MlflowClient(tracking_uri=url)
     experiment = client.get_experiment_by_name("attnzoo")
     assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
     found = client.search_runs([experiment.experiment_id], "tags.model = 'act'")
     runs = {r.data.tags["stage"]: r for r in found}
-    assert len(found) == 4 and sorted(runs) == ["evaluate", "export", "publish", "train"], found
+    assert len(found) == 5 and sorted(runs) == ["evaluate", "export", "publish", "quantize", "train"], found
     assert all(r.data.tags["mlflow.source.git.commit"] == commit for r in found)
     assert all("git_commit" not in r.data.tags for r in found)
 
@@ -98,6 +99,9 @@ def test_stages_log_to_a_tracking_server(repo, server):
     assert graphs and all(any(s.endswith(f"artifacts/repository/act/1/{g}.onnx") for s in stored) for g in graphs)
     assert any(s.endswith("artifacts/repository/act/1/metadata.json") for s in stored)
     assert any(s.endswith("/MLmodel") for s in stored) and any("/code/serving/" in s for s in stored)
+    assert "MODEL_CARD.md" in logged("publish")  # the version's card, also inside its folder
+    card = (repo / "model_repository" / "act" / "1" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# act, version 1\n") and f"from commit `{commit}`" in card
     assert not (repo / "mlartifacts").exists()
 
     # The registry over HTTP: version 1 from the publish run, promoted to production, and loadable
@@ -113,6 +117,15 @@ def test_stages_log_to_a_tracking_server(repo, server):
     (spec,) = model.metadata.get_input_schema().inputs
     out = model.predict({spec.name: np.zeros((2, spec.shape[1]), np.float32)})
     assert sorted(out) == sorted(model.metadata.get_output_schema().input_names()) and out["bits"].shape[0] == 2
+
+    # The int8 variant (quantize@'s graphs, its gate passed) is a model of its own, act-int8, whose
+    # version names the fp32 version it was made beside; registered and promoted like it.
+    fp32_meta = json.loads((repo / "model_repository" / "act" / "1" / "metadata.json").read_text())
+    int8_meta = json.loads((repo / "model_repository" / "act-int8" / "1" / "metadata.json").read_text())
+    assert (int8_meta["precision"], int8_meta["fp32_model"], int8_meta["fp32_version"]) == ("int8", "act", 1)
+    assert int8_meta["int8_gate"]["passed"] and int8_meta["bar"]["passed"] and int8_meta["production"]
+    assert int8_meta["graphs"] == fp32_meta["graphs"] and int8_meta["graph_sha256"] != fp32_meta["graph_sha256"]
+    assert client.get_model_version_by_alias("act-int8", "production").tags["repository_version"] == "1"
 
 
 def test_resume_continues_the_same_run(server, monkeypatch, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -13,6 +14,9 @@ import yaml
 from tests.conftest import TINY, copy_repo, venv_env
 
 pytestmark = pytest.mark.slow
+
+# 550 pairs of LibreOffice help paragraphs (MPL-2.0) from 90 help pages, as a user's own corpus.
+SMOKE_CORPUS = str(Path(__file__).resolve().parent / "data" / "smoke_de_en.tsv")
 
 # One entry per architecture, plus the entries a task needs (every report@<task> has a model) and
 # those whose distinct pipeline path no other test runs: bahdanau_none (no alignment plots),
@@ -44,7 +48,10 @@ TUNED = ["bahdanau", "ntm", "ram"]
 def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
     """Tiny data and models for ``keep`` (tasks no kept model uses are dropped)."""
     params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
-    params["tasks"]["translation_de_en"].update(vocab_size=400, lexicon_pairs=2000)
+    # A user's own corpus (SMOKE_CORPUS) instead of the Debian download, which is the real pipeline's;
+    # tests/test_corpus_*.py cover each source's parsing.
+    params["tasks"]["translation_de_en"].update(vocab_size=400, corpus=SMOKE_CORPUS, val_size=40, test_size=40,
+                                                max_doc_share=0.25, dict_test_size=0)
     for task in ("sort", "convex_hull", "repeat_copy", "associative_recall"):
         params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
     params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
@@ -52,7 +59,8 @@ def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
     for task in ("mnist_captions", "mnist_translated60", "mnist_cluttered60", "mnist_binarized"):
         params["tasks"][task].update(train_size=300, val_size=32, test_size=32)
     params["tasks"]["ocr_words"].update(train_size=200, val_size=32, test_size=32)
-    params["tasks"]["spoken_digits"].update(train_size=64, val_size=16, test_size=16, test_long_size=8)
+    # 192 utterances: 12 steps of 16 in the one epoch, as every other task (the learning curves' rows)
+    params["tasks"]["spoken_digits"].update(train_size=192, val_size=16, test_size=16, test_long_size=8)
     # One pass over each 2-point grid: still two trials (child runs) per model, in one wave on 2 cores.
     params["tune"].update(num_samples=1, max_steps=6, eval_every=3)
     params["models"] = {name: params["models"][name] for name in keep}
@@ -74,7 +82,7 @@ def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
         # path's parity is tested in test_registry (tiny, untrained) and gated at export on the
         # trained model (2e-5); here the pipeline runs the plain NTM.
         entry["model"].pop("write_walk", None)
-        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "epochs": 1,
+        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "log_every": 3, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
                              "beam": 3,
@@ -118,10 +126,22 @@ def test_dvc_repro_end_to_end(tmp_path):
     for task in params["tasks"]:  # every task's report lists each of its models
         report = (repo / "reports" / f"{task}.md").read_text()
         assert all(name in report for name, e in params["models"].items() if e["task"] == task), task
-    # One training run per model, child runs for tune trials, a registered version per model.
+    # Learning curves, the train stage's DVC plots: `dvc plots show` draws each model's losses over steps.
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], repo, env))["data"]
+    for name in models:
+        for curve, steps in (("train_loss", ["3", "6", "9", "12"]), ("val_loss", ["6", "12"])):
+            (plot,) = shown[f"runs/{name}/learning_curves/{curve}.csv"]
+            values = plot["content"]["data"]["values"]
+            assert [v["step"] for v in values] == steps, (name, curve)
+            assert all(math.isfinite(float(v[curve])) for v in values), (name, curve)
+    # One training run per model, child runs for tune trials, a registered version per model and one
+    # per int8 variant that passed its gate (model <name>-int8).
     db = sqlite3.connect(repo / "mlflow.db")
     names = [r[0] for r in db.execute("select name from registered_models")]
-    assert sorted(names) == sorted(models)
+    int8 = [f"{n}-int8" for n in models
+            if json.loads((repo / "runs" / n / "int8_metrics.json").read_text())["gate"]["passed"]]
+    assert int8 and sorted(names) == sorted(models + int8)
+    assert all((repo / "model_repository" / n / "1" / "metadata.json").exists() for n in int8)
     parents = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'"))
     assert len(parents) >= 2 * len(TUNED)  # every tune trial is a child run (2-point grids)
     assert all(params["models"][name]["search_space"] for name in TUNED)

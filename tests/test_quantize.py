@@ -135,3 +135,57 @@ def test_the_twin_refuses_what_only_pytorch_computes():
         if missing:  # e.g. NTM's bits: the task must not read them from the loop
             with pytest.raises(NotFromGraphs, match=missing[0]):
                 out[missing[0]]
+
+
+def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_passed(tmp_path, monkeypatch):
+    """``<name>-int8``: versions of its own beside the fp32 model, answered by the same loop; none
+    while the gate fails (the folder stays, empty: DVC's output); promoted only if the int8 metrics
+    meet the bar too."""
+    import numpy as np
+
+    from pipeline.publish import publish_int8, serving_meta
+    from serving.client import LocalClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    torch.manual_seed(0)
+    act = models.build("act", TINY["act"]).eval()
+    runs = tmp_path / "runs"
+    run = SimpleNamespace(name="act", arch="act", task="parity", run_dir=runs / "act",
+                          bar=[{"metric": "accuracy", "op": ">=", "value": 0.5}])
+    export_onnx(act, run.run_dir / "int8")  # stands for quantize@'s graphs: publish copies what is there
+    serving = serving_meta(act.cfg, ["model"], SimpleNamespace(task="parity", evaluate={}))
+    lineage = {"arch": "act", "task": "parity", "parity_passed": True}
+
+    def publish_with(gate_passed: bool, accuracy: float, promote: bool = True) -> dict:
+        (run.run_dir / "int8_metrics.json").write_text(json.dumps({
+            "quantization": {"method": "dynamic", "weights": "int8"}, "metrics": {"accuracy": accuracy},
+            "gate": {"tolerance": 0.5, "passed": gate_passed, "conditions": []}}))
+        return publish_int8(run, tmp_path, serving, lineage, [], fp32_version=3, promote=promote)
+
+    refused = publish_with(False, 0.9)
+    assert refused == {"model": "act-int8", "published": False,
+                       "reason": "int8 is worse than fp32 by more than the gate allows (runs/act/int8_metrics.json)"}
+    repo = tmp_path / "model_repository"
+    assert (repo / "act-int8").is_dir() and not any((repo / "act-int8").iterdir())
+
+    # The gate passed but int8's own accuracy misses the bar: published, not promoted.
+    assert publish_with(True, 0.4) == {"model": "act-int8", "published": True, "version": 1, "production": False}
+    meta = json.loads((repo / "act-int8" / "1" / "metadata.json").read_text())
+    assert (meta["precision"], meta["fp32_model"], meta["fp32_version"]) == ("int8", "act", 3)
+    assert meta["bar"]["conditions"][0]["measured"] == 0.4 and not meta["bar"]["passed"]
+    assert str(meta["mlflow_version"]) == "1"  # registered as MLflow model act-int8
+    card = (repo / "act-int8" / "1" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# act-int8, version 1\n")
+    assert "Precision: int8 (onnxruntime dynamic quantisation of `act` version 3)." in card
+    assert "| accuracy | >= 0.5 | 0.4 | no |" in card and "Promoted to production: no" in card
+    assert "Licence: generated: no third-party data." in card and "after Graves 2016" in card
+    assert "curl -s localhost:8000/v2/models/act-int8/versions/1/infer" in card
+
+    local = LocalClient(repo)
+    spec = local.model_metadata("act-int8", 1)
+    assert spec["name"] == "act-int8" and spec["versions"] == ["1"]
+    batch = tiny_batch("act")
+    served = local.infer("act-int8", {"x": batch["x"].numpy()}, version=1)
+    direct = act.predict(batch)
+    common = sorted(set(served) & set(direct))
+    assert common and all(np.allclose(served[k], direct[k].numpy(), atol=1e-4) for k in common)

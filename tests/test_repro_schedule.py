@@ -80,3 +80,48 @@ def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_tra
         "prepare@t": "ran", "train@y": "ran", "tune@x": "up-to-date", "train@x": "ran"}
     started_x = float((tmp_path / "train_x.start").read_text())
     assert started_x < float((tmp_path / "train_y.end").read_text()) - 1.0
+
+
+def test_a_tune_takes_the_free_slot_when_a_training_holds_the_other(tmp_path, no_dvc):
+    # train@y (one slot) starts first; tune@x (a search: every slot) would otherwise wait the whole
+    # training for both. Nothing else can start, so it starts now on the free slot, and the local Ray
+    # it starts is told it has that one core.
+    stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
+    cmd = {"train@y": f"{stamp.format(tmp_path, 'train_y', 'start')}; sleep 4; "
+                      f"{stamp.format(tmp_path, 'train_y', 'end')}",
+           "tune@x": f"echo ${{OMP_NUM_THREADS:-unset}} $RAY_OVERRIDE_RESOURCES > {tmp_path}/tune_x.env; "
+                     f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
+    graph = {"train@y": set(), "tune@x": set(), "train@x": {"tune@x"}}
+    plan = _plan(tmp_path, graph, cmd)
+    plan.nodes["tune@x"].slots = 2
+    plan.order = ["train@y", "tune@x", "train@x"]
+    # train@y first: the longest path starts first (its estimate is the training's last wall time).
+    plan.estimates.update({"train@y": 100.0})
+    executor = repro.LocalExecutor(tmp_path, jobs=2)
+    nodes = repro.execute(tmp_path, plan, executor, echo=lambda line: None)
+    assert {n.state for n in nodes.values()} == {"ran"}
+    # Its trials' threads are Ray's to set (OMP_NUM_THREADS = a trial's CPUs), not inherited.
+    assert (tmp_path / "tune_x.env").read_text().split() == ["unset", '{"CPU":', "1}"]
+    assert float((tmp_path / "tune_x.start").read_text()) < float((tmp_path / "train_y.end").read_text()) - 1.0
+    assert executor.free == 2
+
+
+def test_a_stage_ranked_above_the_tune_takes_the_free_slot_first(tmp_path, no_dvc):
+    # train@y and evaluate@z rank above tune@x and start first; when evaluate@z ends, the tune takes
+    # the slot it left (one thread) instead of waiting for train@y's as well.
+    stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
+    cmd = {"train@y": f"sleep 4; {stamp.format(tmp_path, 'train_y', 'end')}",
+           "evaluate@z": f"{stamp.format(tmp_path, 'evaluate_z', 'start')}; sleep 1",
+           "tune@x": f"echo $RAY_OVERRIDE_RESOURCES > {tmp_path}/tune@x.cpus; "
+                     f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
+    graph = {"train@y": set(), "evaluate@z": set(), "tune@x": set()}
+    plan = _plan(tmp_path, graph, cmd)
+    plan.nodes["tune@x"].slots = 2
+    plan.estimates.update({"train@y": 100.0, "evaluate@z": 50.0, "tune@x": 10.0})
+    executor = repro.LocalExecutor(tmp_path, jobs=2)
+    executor.cores = 2
+    nodes = repro.execute(tmp_path, plan, executor, echo=lambda line: None)
+    assert {n.state for n in nodes.values()} == {"ran"}
+    started = float((tmp_path / "tune_x.start").read_text())
+    assert float((tmp_path / "evaluate_z.start").read_text()) < started < float((tmp_path / "train_y.end").read_text())
+    assert (tmp_path / "tune@x.cpus").read_text().split() == ['{"CPU":', "1}"]

@@ -93,7 +93,8 @@ def test_model_metadata_versions_and_readiness(server):
     assert raw(server.url, "GET", "/v2/models/ntm/versions/2/ready")[0] == 200
     status, meta = raw(server.url, "GET", "/v2/models/bahdanau")
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-    assert [o["name"] for o in meta["outputs"]] == ["translation", "attention", "source_pieces", "target_pieces"]
+    assert [o["name"] for o in meta["outputs"]] == ["translation", "attention", "source_pieces", "target_pieces",
+                                                   "nbest", "nbest_scores"]
     status, meta = raw(server.url, "GET", "/v2/models/bahdanau.encoder")
     assert status == 200 and meta["platform"] == "onnxruntime_onnx"
     assert {i["name"]: i["datatype"] for i in meta["inputs"]} == {"src": "INT64", "src_len": "INT64"}

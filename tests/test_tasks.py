@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,10 @@ import torch
 from pipeline.prepare import prepare
 from pipeline.tasks import TaskError, get_task
 from pipeline.tasks.copy import CopyTask
-from pipeline.tasks.translation_de_en import SOURCE, TranslationTask, _split, extract_pairs
+from pipeline.corpus.dictionary import DICT, extract_pairs
+from pipeline.tasks.translation_de_en import TranslationTask
+
+INSTALLED = Path("/") / DICT  # make setup installs dict-de-en
 
 DICT_SNIPPET = """Abbruch
  {m}
@@ -51,15 +55,6 @@ def test_extract_pairs_handles_wrapping_alternatives_and_annotations():
          "We consider it a great honor to have you here with us tonight."),
         ("Betrachten Sie sich als entlassen.", "Consider yourself fired."),
     ]
-
-
-def test_split_keeps_each_english_sentence_in_one_split():
-    pairs = [(f"de {i} {j}.", f"en {i}.") for i in range(50) for j in range(2)]
-    split = _split(pairs, seed=1, val_size=5, test_size=10)
-    seen = {name: {en for _, en in rows} for name, rows in split.items()}
-    assert len(seen["test"]) == 10 and len(seen["val"]) == 5 and len(seen["train"]) == 35
-    assert not (seen["test"] & seen["train"]) and not (seen["val"] & seen["train"])
-    assert _split(pairs, seed=1, val_size=5, test_size=10) == split
 
 
 def test_translation_collate_shifts_targets():
@@ -109,14 +104,6 @@ def test_failed_prepare_keeps_earlier_output(tmp_path, monkeypatch):
     with pytest.raises(TaskError):
         prepare("copy", params, tmp_path / "copy")
     assert (tmp_path / "copy" / "manifest.json").read_text() == before
-
-
-def test_missing_debian_package_is_one_clear_error(tmp_path, monkeypatch):
-    import pipeline.tasks.translation_de_en as tr
-
-    monkeypatch.setattr(tr, "SOURCE", tmp_path / "absent.dict.dz")
-    with pytest.raises(TaskError, match="apt-get install dict-de-en"):
-        tr.TranslationTask().prepare({}, tmp_path)
 
 
 def test_sort_targets_order_the_values(tmp_path):
@@ -206,10 +193,10 @@ def test_unknown_task():
         get_task("nope")
 
 
-@pytest.mark.skipif(not SOURCE.exists(), reason="needs Debian dict-de-en (make setup installs it)")
-def test_real_dictionary_yields_enough_sentence_pairs():
-    import gzip
+@pytest.mark.skipif(not INSTALLED.exists(), reason="needs Debian dict-de-en (make setup installs it)")
+def test_real_dictionary_yields_enough_sentence_pairs(tmp_path):
+    from pipeline.corpus import get_source
 
-    pairs = extract_pairs(gzip.open(SOURCE, "rt", encoding="utf-8").read().split("\n"))
+    pairs = [(p.de, p.en) for p in get_source("dictionary").pairs({"dict-de-en": Path("/")}, {}, tmp_path)]
     assert len(set(pairs)) > 15000
     assert all(de[-1] in ".?!" and en[-1] in ".?!" for de, en in pairs)

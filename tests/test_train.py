@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def root(tmp_path, monkeypatch):
                      "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
     model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
     params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
-        "max_steps": 8, "eval_every": 4, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
+        "max_steps": 8, "eval_every": 4, "log_every": 2, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path
 
@@ -47,6 +48,14 @@ def test_training_lowers_validation_loss_and_keeps_best(root):
     first = resolve("ntm", root=root, overrides={"max_steps": 1, "eval_every": 1})
     untrained = train(first, root / "one", progress=False)["best_val_loss"]
     assert summary["best_val_loss"] < untrained
+    # The learning curves (DVC plots of the train stage): every validation, and the loss every log_every steps.
+    curves = root / "out" / "learning_curves"
+    val = list(csv.DictReader(open(curves / "val_loss.csv")))
+    assert list(val[0])[0] == "step" and list(val[0])[-1] == "val_loss"  # x first, the plotted y last
+    assert [(int(r["step"]), float(r["val_loss"])) for r in val] == [
+        (m["step"], float(f"{m['val_loss']:.6g}")) for m in seen]
+    train_rows = list(csv.DictReader(open(curves / "train_loss.csv")))
+    assert [int(r["step"]) for r in train_rows] == [2, 4, 6, 8] and all(float(r["train_loss"]) > 0 for r in train_rows)
 
 
 def test_resume_after_kill_matches_uninterrupted_run(root):
@@ -67,6 +76,31 @@ def test_resume_after_kill_matches_uninterrupted_run(root):
     b = load_file(str(root / "resumed" / "checkpoint" / "last" / "model.safetensors"))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+    for name in ("train_loss.csv", "val_loss.csv"):  # the curve carries over the kill, row for row
+        full, resumed = (root / d / "learning_curves" / name for d in ("full", "resumed"))
+        assert resumed.read_text() == full.read_text() and full.read_text().count("\n") > 2
+
+
+def test_a_resumed_run_counts_the_time_of_every_process(root):
+    """train_seconds of a run resumed after a kill includes the time the first process spent up to its
+    checkpoint (it counted the last process only: 2026-11-25's resumed trainings under-reported)."""
+    import time
+
+    run = resolve("ntm", root=root, overrides={"eval_every": 2})
+
+    def slow_then_kill(metrics):
+        if metrics["step"] == 2:
+            time.sleep(2.0)  # inside the first process's training time, before its step-4 checkpoint
+        if metrics["step"] == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(run, root / "resumed", report=slow_then_kill, progress=False)
+    first = torch.load(root / "resumed" / "checkpoint" / "last" / "trainer.pt", weights_only=False)["state"]
+    assert first["step"] == 4 and first["seconds"] >= 2.0
+    summary = train(run, root / "resumed", progress=False)  # 4 more tiny steps: well under a second
+    assert summary["steps"] == 8
+    assert summary["train_seconds"] >= round(first["seconds"], 1)
 
 
 def test_changed_config_does_not_resume(root):
@@ -146,3 +180,36 @@ def test_evaluate_and_export_take_an_ad_hoc_run_folder(root):
     assert not (root / "results").exists() and not (root / "runs").exists()
     with pytest.raises(UserError, match="holds no trained model"):
         at_run_dir(resolve("ntm", root=root), root / "empty")
+
+
+def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
+    """train.precision bf16: the loss is computed under CPU autocast (matmuls in bfloat16), weights
+    stay fp32, and training still lowers the validation loss; a typo names the two choices."""
+    import torch
+
+    import models.ntm as ntm
+
+    dtypes = []
+    original = ntm.NTM.loss
+
+    def spying(self, batch):
+        dtypes.append((torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()))
+        return original(self, batch)
+
+    monkeypatch.setattr(ntm.NTM, "loss", spying)
+    run = resolve("ntm", root=root, overrides={"precision": "bf16"})
+    seen = []
+    train(run, root / "bf16", report=seen.append, progress=False)
+    assert dtypes and all(d == (True, torch.bfloat16) for d in dtypes[:8])  # the 8 training steps
+    untrained = train(resolve("ntm", root=root, overrides={"precision": "bf16", "max_steps": 1, "eval_every": 1}),
+                      root / "one", progress=False)["best_val_loss"]
+    assert seen[-1]["val_loss"] < untrained
+    from safetensors.torch import load_file
+
+    weights = load_file(root / "bf16" / "checkpoint" / "best" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    dtypes.clear()  # a later fp32 training in the same process does not keep bf16
+    train(resolve("ntm", root=root, overrides={"max_steps": 2, "eval_every": 2}), root / "fp32", progress=False)
+    assert dtypes and not any(enabled for enabled, _ in dtypes)
+    with pytest.raises(Exception, match="use fp32 or bf16"):
+        train(resolve("ntm", root=root, overrides={"precision": "fp16"}), root / "x", progress=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from copy import copy as shallow_copy  # (pipeline.tasks.copy, the NTM task, takes the name "copy")
 import importlib
 import pkgutil
 from pathlib import Path
@@ -16,6 +17,8 @@ class Task:
     # What a server needs to run this task's models on raw input (merged into the ``serving``
     # block that ``publish`` writes; e.g. the input kind, tokenizers, attention outputs).
     serving: dict = {}
+    # What a model card says of the data: where it comes from, its licence, the paper whose task it is.
+    card: dict = {"data": "not stated", "licence": "not stated"}
 
     def prepare(self, params: dict, out: Path) -> dict:
         """Write prepared files into ``out``; return manifest facts (counts, vocab...)."""
@@ -63,5 +66,19 @@ def get_task(name: str) -> Task:
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
     if name not in TASKS:
+        _register_like(name)
+    if name not in TASKS:
         raise TaskError(f"unknown task '{name}'; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
+
+
+def _register_like(name: str) -> None:
+    """A ``params.yaml`` task entry with ``like: <task>`` runs that task's code under its own name
+    (its own prepared data, e.g. a user's corpus: ``tasks.fr_en: {like: translation_de_en, corpus: ...}``)."""
+    from pipeline.config import load_params  # here: config imports the model registry, not tasks
+
+    base = ((load_params().get("tasks") or {}).get(name) or {}).get("like")
+    if base in TASKS:
+        clone = shallow_copy(TASKS[base])
+        clone.name = name
+        register_task(clone)

@@ -21,6 +21,9 @@ from pipeline.tasks.repeat_copy import evaluate_ntm
 
 class AssociativeRecallTask(Task):
     name = "associative_recall"
+    card = {"data": "random binary items and queries generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Graves et al. 2014, §4.3 (associative recall)"}
     serving = {"bit_threshold": 0.0,
                "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}}
 

@@ -50,6 +50,10 @@ def hull(points: np.ndarray) -> list[int]:
 
 class ConvexHullTask(PointerTask):
     name = "convex_hull"
+    card = {"data": "random points in the unit square (5 to 10 a set) generated from the seed in params.yaml, hulls "
+                    "computed exactly",
+            "licence": "generated: no third-party data",
+            "paper": "Vinyals et al. 2015 (Pointer Networks)"}
     point_size = 2
 
     def generate(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[int]]:

@@ -25,6 +25,9 @@ def make_sequences(rng: np.random.Generator, count: int, bits: int, lengths) -> 
 
 class CopyTask(Task):
     name = "copy"
+    card = {"data": "random binary sequences generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Graves et al. 2014, §4.1 (copy)"}
 
     def prepare(self, params: dict, out: Path) -> dict:
         rng = np.random.default_rng(params["seed"])

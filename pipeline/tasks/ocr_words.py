@@ -97,6 +97,11 @@ def split_words(words: list[str], rng: np.random.Generator, val: int, test: int)
 
 class OcrWordsTask(Task):
     name = "ocr_words"
+    card = {"data": "English words of the Debian word list wamerican rendered with the DejaVu, Liberation and "
+                    "dkg-handwriting fonts; test words are unseen in training",
+            "licence": "those of the Debian packages wamerican, fonts-dejavu-core, fonts-liberation and "
+                       "fonts-dkg-handwriting (/usr/share/doc/<package>/copyright)",
+            "paper": "Wojna et al. 2017; Lee & Osindero 2016"}
     serving = {"input": "text_image", "vocabulary": VOCAB, "width_step": WIDTH_STEP}
 
     def prepare(self, params: dict, out: Path) -> dict:

@@ -27,6 +27,9 @@ def make_split(rng: np.random.Generator, count: int, bits: int) -> dict[str, tor
 
 class ParityTask(Task):
     name = "parity"
+    card = {"data": "random vectors of 16 inputs in {-1, 0, 1} generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Graves 2016, §4.1 (Adaptive Computation Time)"}
     serving = {}  # one graph, served as it is
 
     def prepare(self, params: dict, out: Path) -> dict:
@@ -65,7 +68,8 @@ class ParityTask(Task):
         used = int((halting > 0).any(0).nonzero().max()) + 1  # steps any input took
         P.alignment(halting[:12, :used].numpy(), [str(n + 1) for n in range(used)],
                     [f"k={int(data['k'][i])}" for i in range(12)], plots / "halting.png",
-                    f"{run.name}: halting distribution over ponder steps (rows: test inputs)")
+                    f"{run.name}: halting distribution over ponder steps (rows: test inputs)", "ponder step",
+                    "test input (k nonzero)")
         metrics = {"accuracy": round(float(right.mean()), 4), "mean_ponder": round(float(ponder.mean()), 3),
                    "max_steps_used": used, "test_examples": len(right),
                    "accuracy_by_nonzero": dict(zip(map(str, counts), acc_k)),

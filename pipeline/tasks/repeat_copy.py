@@ -26,6 +26,9 @@ def _case(length: int, repeats: int) -> str:
 
 class RepeatCopyTask(Task):
     name = "repeat_copy"
+    card = {"data": "random binary sequences and repeat counts generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Graves et al. 2014, §4.2 (repeat copy)"}
     serving = {"bit_threshold": 0.0,
                "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}}
 

@@ -141,7 +141,8 @@ def evaluate_pointer(task: PointerTask, model, run, plots: Path) -> tuple[dict, 
                     P.alignment(out["attention"][i, :rows, : len(labels)].numpy(), labels,
                                 [labels[p] for p in pred] + ["END"][: rows - len(pred)],
                                 plots / f"pointers_n{n}_{i}.png",
-                                f"{run.name}: pointer distributions, N={n}")
+                                f"{run.name}: pointer distributions, N={n}", "input element",
+                                "output step (pointed to)")
                     task.plot_example(it, pred, plots / f"example_n{n}_{i}.png", f"{run.name}, N={n}")
         greedy_acc[str(n)] = round(right / len(items), 4)
         metrics[f"pointer_acc_{n}"] = round(right_pointers / pointers, 4)
@@ -169,6 +170,9 @@ def _label(point: torch.Tensor) -> str:
 
 class SortTask(PointerTask):
     name = "sort"
+    card = {"data": "random floats (5 to 10 a list) generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Vinyals et al. 2015 (Pointer Networks)"}
 
     def generate(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[int]]:
         values = rng.random(n).astype(np.float32)

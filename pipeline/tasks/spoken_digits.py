@@ -58,6 +58,10 @@ def add_noise(x: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndar
 
 class SpokenDigitsTask(Task):
     name = "spoken_digits"
+    card = {"data": "spoken digit strings synthesised offline with espeak-ng (many voices, rates and pitches), as "
+                    "log-mel features",
+            "licence": "generated with espeak-ng (Debian espeak-ng, GPL-3+)",
+            "paper": "Chorowski et al. 2015"}
     serving = {"input": "audio", "vocabulary": VOCAB, "sample_rate": SAMPLE_RATE}
 
     def prepare(self, params: dict, out: Path) -> dict:

@@ -72,6 +72,9 @@ def make_example(rng: np.random.Generator, rows: int, kind: str) -> dict:
 
 class TableQATask(Task):
     name = "table_qa"
+    card = {"data": "synthetic tables and templated questions generated from the seed in params.yaml",
+            "licence": "generated: no third-party data",
+            "paper": "Neelakantan et al. 2016 (Neural Programmer)"}
     # The server tokenises questions itself: numbers become <num> (their value the pivot).
     serving = {"input": "table_question", "vocabulary": WORDS, "number_token": "<num>"}
 
@@ -146,9 +149,9 @@ class TableQATask(Task):
                     cols = [WORDS[t] for t in chunk[i]["columns"].tolist()]
                     steps = [f"step {t + 1}" for t in range(out["op_weights"].shape[1])]
                     P.alignment(out["op_weights"][i].numpy(), OPERATIONS, steps, plots / f"program_ops_{i}.png",
-                                f"{run.name}: operations — {words}")
+                                f"{run.name}: operations — {words}", "operation", "program step")
                     P.alignment(out["col_weights"][i].numpy(), cols, steps, plots / f"program_columns_{i}.png",
-                                f"{run.name}: columns — {words}")
+                                f"{run.name}: columns — {words}", "column", "program step")
         right_t, kind_t = torch.cat(right).float(), torch.tensor(kind_ids)
         by_kind = {k: round(float(right_t[kind_t == i].mean()), 4) for i, k in enumerate(kinds) if (kind_t == i).any()}
         metrics = {"accuracy": round(float(right_t.mean()), 4), "accuracy_by_kind": by_kind,

@@ -1,182 +1,118 @@
-"""German→English sentence pairs from Debian's ``dict-de-en`` (TU Chemnitz "Ding" dictionary).
+"""German→English translation on real parallel text from Debian packages, or on a user's own corpus.
 
-The dictionary holds, between word entries, example sentences: a German sentence ending in
-``.?!`` followed by its English translation, indented three spaces. Lines wrap at 72 columns
-with unindented continuation lines. We keep pairs where both sides are full sentences, strip
-annotations, drop ambiguous alternatives, deduplicate, and split by English sentence so no test
-reference was seen in training. Subwords: one SentencePiece unigram model per language, saved
-with the data so they travel with the published model.
+``prepare`` builds the corpus with :mod:`pipeline.corpus` (LibreOffice and GNOME help, KDE
+handbooks, man pages, package descriptions, gettext catalogs: ``params.yaml`` switches each
+source), split by document; a sample of the ``dict-de-en`` example sentences that share no side
+with the corpus is kept as an out-of-domain test set (``test_dict``). ``tasks.<task>.corpus: pairs.tsv``
+(or ``.parquet``; columns source, target) replaces the Debian sources with a user's pairs, any
+language pair; a task of another name runs the same code with ``like: translation_de_en``.
+Subwords: one SentencePiece unigram model per side, saved with the data so they travel with the
+published model.
 """
 
 from __future__ import annotations
 
-import gzip
+import io
 import random
-import re
-from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pipeline.tasks import Task, TaskError, register_task
 
-SOURCE = Path("/usr/share/dictd/german-english.dict.dz")
-PACKAGE = "dict-de-en"
-WRAP = 60  # a line at least this long may continue on the next, unindented line
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
-_ANNOT = re.compile(r"\{[^}]*\}|\[[^\]]*\]|/[^/]*/|\([^)]*\)")
-_SENT_END = re.compile(r"[.?!]$")
-_QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"', "„": '"', "‚": "'", "–": "-"})
+SIDES = (("de", 0), ("en", 1))  # file names of the two sides (any language pair: "de" is the source)
 
 
-def _clean(text: str) -> str:
-    text = _ANNOT.sub(" ", text.translate(_QUOTES))
-    return re.sub(r"\s+", " ", text).strip()
+def held_out_dictionary(params: dict, cache: Path, split: dict) -> list:
+    """Up to ``dict_test_size`` dict-de-en example sentences, cleaned like the corpus, none sharing a
+    side with any corpus pair (an out-of-domain check: everyday sentences, not documentation)."""
+    from pipeline.corpus import get_source
+    from pipeline.corpus.clean import Rules, clean_pair, key
+    from pipeline.corpus.debian import fetch
+
+    source = get_source("dictionary")
+    fetched = fetch(source.packages({}), cache, hint="set tasks.translation_de_en.dict_test_size: 0")
+    trees = {n: tree for n, (_, tree) in fetched.items()}
+    taken = {key(x) for rows in split.values() for p in rows for x in (p.de, p.en)}
+    rules, out, seen = Rules.of(params.get("clean")), [], set()
+    for p in source.pairs(trees, {}, cache):
+        got = clean_pair(p.de, p.en, rules)
+        if got and key(got[0]) not in taken and key(got[1]) not in taken and key(got[1]) not in seen:
+            seen.add(key(got[1]))
+            out.append(type(p)(got[0], got[1], p.source, p.doc, p.licence))
+    return random.Random(params["seed"]).sample(out, min(params["dict_test_size"], len(out)))
 
 
-def _continues(prev: str, line: str) -> bool:
-    """Is ``line`` the wrapped tail of ``prev``? Only long lines wrap; a new entry after a
-    sentence-final line starts with a capital, a wrapped tail usually does not."""
-    if len(prev) < WRAP or not line or line.startswith(" "):
-        return False
-    return not _SENT_END.search(prev.rstrip()) or not line[0].isupper()
+def _pack(rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Ragged id lists as one flat int32 tensor + offsets (compact on disk; lists of 360k lists are not)."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    flat = torch.tensor([t for r in rows for t in r], dtype=torch.int32)
+    return {"ids": flat, "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])}
 
 
-def dictionary_entries(lines: list[str]) -> list[tuple[str, str]]:
-    """Parse the dictd text into raw (german, english) entries, wrapped lines joined."""
-    pairs = []
-    i, n = 0, len(lines)
-    while i < n:
-        line = lines[i]
-        if not line or line.startswith(" "):
-            i += 1
-            continue
-        german = line
-        j = i + 1
-        while j < n and _continues(lines[j - 1], lines[j]):
-            german += " " + lines[j]
-            j += 1
-        # Optional part-of-speech line (" {f} [tag]") or blank line before the English side.
-        if j < n and (lines[j] == "" or (lines[j].startswith(" ") and not lines[j].startswith("   "))):
-            j += 1
-        if j < n and lines[j].startswith("   "):
-            english = lines[j].strip()
-            k = j + 1
-            while k < n and _continues(lines[k - 1], lines[k]):
-                english += " " + lines[k]
-                k += 1
-            pairs.append((german.strip(), english))
-            i = k
-        else:
-            i = j
-    return pairs
-
-
-_PLACEHOLDERS = ("sth.", "sb.", "etw.", "jdm.", "jdn.", "jds.", "jd.")
-
-
-def extract_pairs(lines: list[str]) -> list[tuple[str, str]]:
-    """Example sentence pairs: both sides full sentences, first English alternative."""
-    out = []
-    for german, english in dictionary_entries(lines):
-        if not _SENT_END.search(german) or "/" in german or "/" in english:
-            continue
-        english = english.split(";")[0].split("|")[0].strip()
-        german, english = _clean(german), _clean(english)
-        if not (_SENT_END.search(german) and _SENT_END.search(english)):
-            continue
-        if not german[0].isupper() or not english[0].isupper():
-            continue
-        if any(p in english or p in german for p in _PLACEHOLDERS):
-            continue
-        if 3 <= len(german.split()) and 3 <= len(english.split()):
-            out.append((german, english))
-    return out
-
-
-def extract_lexicon(lines: list[str], max_words: int = 4) -> list[tuple[str, str]]:
-    """Word and phrase entries (not sentences): (headword, first English alternative), both
-    sides at most ``max_words`` words, no placeholders. Used as extra training data: the
-    ~15k sentences alone cannot teach the vocabulary the test sentences use."""
-    out = set()
-    for german, english in dictionary_entries(lines):
-        if _SENT_END.search(german) or "/" in german or "/" in english:
-            continue
-        german, english = _clean(german), _clean(english.split(";")[0].split("|")[0])
-        if not german or not english or any(p in english or p in german for p in _PLACEHOLDERS):
-            continue
-        if len(german.split()) <= max_words and len(english.split()) <= max_words:
-            out.add((german, english))
-    return sorted(out)
-
-
-def _split(pairs, seed: int, val_size: int, test_size: int):
-    """Deduplicate, then split by English sentence (all Germans of one English go together)."""
-    by_english = defaultdict(set)
-    for de, en in pairs:
-        by_english[en].add(de)
-    groups = sorted(by_english)
-    random.Random(seed).shuffle(groups)
-    split, count = {"test": [], "val": [], "train": []}, {"test": 0, "val": 0}
-    for en in groups:
-        name = "test" if count["test"] < test_size else "val" if count["val"] < val_size else "train"
-        for de in sorted(by_english[en]):
-            split[name].append((de, en))
-        if name != "train":
-            count[name] += 1
-    return split
+def _unpack(packed: dict[str, torch.Tensor]) -> list[list[int]]:
+    ids, off = packed["ids"].tolist(), packed["offsets"].tolist()
+    return [ids[a:b] for a, b in zip(off[:-1], off[1:])]
 
 
 class TranslationTask(Task):
     name = "translation_de_en"
+    card = {"data": "German→English pairs from Debian packages: LibreOffice help, package descriptions (DDTP), "
+                    "man pages, KDE and GNOME handbooks (pipeline/corpus; the manifest lists packages and "
+                    "versions), split by document, tokenised with SentencePiece",
+            "licence": "per pair, of its package (MPL-2.0, GPL, GFDL, CC-BY-SA...): the prepared data's "
+                       "licence column",
+            "paper": "Bahdanau et al. 2015; Luong et al. 2015; Vaswani et al. 2017"}
 
     def prepare(self, params: dict, out: Path) -> dict:
         import sentencepiece as spm
 
-        if not SOURCE.exists():
-            raise TaskError(
-                f"{SOURCE} is missing: install the Debian package with "
-                f"`sudo apt-get install {PACKAGE}` (or run `make setup`)."
-            )
-        lines = gzip.open(SOURCE, "rt", encoding="utf-8").read().split("\n")
-        pairs = [p for p in extract_pairs(lines) if len(p[0].split()) <= params["max_words"]
-                 and len(p[1].split()) <= params["max_words"]]
-        split = _split(sorted(set(pairs)), params["seed"], params["val_size"], params["test_size"])
-        lexicon = extract_lexicon(lines)
-        lexicon = random.Random(params["seed"]).sample(lexicon, min(params["lexicon_pairs"], len(lexicon)))
-        meta = {"pairs": {k: len(v) for k, v in split.items()}, "lexicon_pairs": len(lexicon),
-                "sentence_repeat": params["sentence_repeat"]}
-        # Training rows: each example sentence repeated, plus the sampled dictionary phrases.
-        split["train"] = split["train"] * params["sentence_repeat"] + lexicon
-        for side, idx in (("de", 0), ("en", 1)):
-            text = out / f"train.{side}.txt"
-            rows = sorted({p[idx] for p in split["train"]})
-            text.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        from pipeline.corpus import CorpusError
+        from pipeline.corpus.build import build
+        from pipeline.corpus.debian import default_cache
+
+        cache = Path(params["cache"]).expanduser() if params.get("cache") else default_cache()
+        try:
+            split, facts = build(params, cache)
+            if params.get("dict_test_size") and not params.get("corpus"):
+                split["test_dict"] = held_out_dictionary(params, cache, split)
+        except CorpusError as e:  # one sentence naming the fix; earlier prepared data stays (prepare.py)
+            raise TaskError(str(e)) from None
+        for side, idx in SIDES:
+            # From memory, not a file: a model trained from a file records the file's absolute path,
+            # so the same data prepared in two clones gave different bytes (and retrained everything).
+            model = io.BytesIO()
             spm.SentencePieceTrainer.train(
-                input=str(text), model_prefix=str(out / f"spm.{side}"),
+                sentence_iterator=iter(sorted({(p.de, p.en)[idx] for p in split["train"]})), model_writer=model,
                 vocab_size=params["vocab_size"], model_type="unigram", character_coverage=1.0,
                 pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK, num_threads=1,
-                shuffle_input_sentence=False, minloglevel=2,
+                input_sentence_size=params.get("spm_sentences", 0), shuffle_input_sentence=False,
+                byte_fallback=True, hard_vocab_limit=False, minloglevel=2,
             )
-            text.unlink()
-        sp = {s: spm.SentencePieceProcessor(model_file=str(out / f"spm.{s}.model")) for s in ("de", "en")}
+            (out / f"spm.{side}.model").write_bytes(model.getvalue())
+        sp = {s: spm.SentencePieceProcessor(model_file=str(out / f"spm.{s}.model")) for s, _ in SIDES}
         for name, rows in split.items():
             torch.save({
-                "src": [sp["de"].encode(de) + [EOS] for de, _ in rows],
-                "tgt": [sp["en"].encode(en) for _, en in rows],
-                "src_text": [de for de, _ in rows],
-                "tgt_text": [en for _, en in rows],
+                "src": _pack([ids + [EOS] for ids in sp["de"].encode([p.de for p in rows])]),
+                "tgt": _pack(sp["en"].encode([p.en for p in rows])),
+                "src_text": [p.de for p in rows], "tgt_text": [p.en for p in rows],
+                "source": [p.source for p in rows], "doc": [p.doc for p in rows], "licence": [p.licence for p in rows],
             }, out / f"{name}.pt")
-        meta.update(source=str(SOURCE), package=PACKAGE, vocab_size=params["vocab_size"],
-                    model_defaults={"src_vocab": params["vocab_size"], "tgt_vocab": params["vocab_size"],
-                                    "pad_id": PAD, "bos_id": BOS, "eos_id": EOS},
-                    artifacts=["spm.de.model", "spm.en.model"])
-        return meta
+        facts["pairs"] = {k: len(v) for k, v in split.items()}
+        facts.update(vocab_size=params["vocab_size"],
+                     # Decoding limit: sentences of up to clean.max_words (40) words reach ~90 pieces.
+                     model_defaults={"src_vocab": params["vocab_size"], "tgt_vocab": params["vocab_size"],
+                                     "pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "max_len": 100},
+                     artifacts=["spm.de.model", "spm.en.model"])
+        return facts
 
     def load(self, data_dir: Path, split: str) -> list[dict]:
         d = torch.load(data_dir / f"{split}.pt")
-        return [{"src": s, "tgt": t, "src_text": st, "tgt_text": tt}
-                for s, t, st, tt in zip(d["src"], d["tgt"], d["src_text"], d["tgt_text"])]
+        return [{"src": s, "tgt": t, "src_text": st, "tgt_text": tt, "source": so}
+                for s, t, st, tt, so in zip(_unpack(d["src"]), _unpack(d["tgt"]), d["src_text"], d["tgt_text"],
+                                            d["source"])]
 
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         return evaluate_translation(model, run, plots)
@@ -235,13 +171,7 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     items = items[:limit] if limit else items
     sp = {s: spm.SentencePieceProcessor(model_file=str(run.data_dir / f"spm.{s}.model")) for s in ("de", "en")}
     cfg = model.cfg
-    greedy_ids = [None] * len(items)
-    order = sorted(range(len(items)), key=lambda i: len(items[i]["src"]))
-    for start in range(0, len(order), 64):
-        idx = order[start : start + 64]
-        out = model.predict(task.collate([items[i] for i in idx]))
-        for row, i in enumerate(idx):
-            greedy_ids[i] = out["tokens"][row, : out["lengths"][row]].tolist()
+    hyp_greedy = greedy_translate(model, task, items, sp["en"])
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
     beam = run.evaluate.get("beam", 5)
@@ -251,14 +181,29 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
         beam_out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id,
                                     cfg.max_len, beam=beam, length_penalty=run.evaluate.get("length_penalty", 1.0)))
     refs = [it["tgt_text"] for it in items]
-    hyp_greedy = [sp["en"].decode(ids) for ids in greedy_ids]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    copy = [it["src_text"] for it in items]  # the floor: names, commands and numbers pass through
     metrics = {
-        "bleu_greedy": round(sacrebleu.corpus_bleu(hyp_greedy, [refs]).score, 2),
-        "bleu_beam": round(sacrebleu.corpus_bleu(hyp_beam, [refs]).score, 2),
-        "chrf_beam": round(sacrebleu.corpus_chrf(hyp_beam, [refs]).score, 2),
+        "bleu_greedy": round(bleu.corpus_score(hyp_greedy, [refs]).score, 2),
+        "bleu_beam": round(bleu.corpus_score(hyp_beam, [refs]).score, 2),
+        "chrf_beam": round(chrf.corpus_score(hyp_beam, [refs]).score, 2),
+        "bleu_copy_source": round(bleu.corpus_score(copy, [refs]).score, 2),
         "beam": beam, "test_sentences": len(items),
+        "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
     }
+    metrics["by_source"] = by_source(items, hyp_beam, refs, copy, min_sentences=run.evaluate.get("min_source", 100))
+    # The floor as bar metrics: overall, and the worst source (each with at least min_source sentences).
+    metrics["bleu_over_copy"] = round(metrics["bleu_beam"] - metrics["bleu_copy_source"], 2)
+    metrics["min_source_over_copy"] = min((round(g["bleu"] - g["bleu_copy_source"], 2) for g in metrics["by_source"]),
+                                          default=metrics["bleu_over_copy"])
+    ood = task.load(run.data_dir, "test_dict") if (run.data_dir / "test_dict.pt").exists() else []
+    if ood:  # out of domain: everyday dictionary sentences, greedy (a check, not the headline)
+        hyp = greedy_translate(model, task, ood, sp["en"])
+        metrics["dict_test"] = {"sentences": len(ood),
+                                "bleu_greedy": round(bleu.corpus_score(hyp, [[it["tgt_text"] for it in ood]]).score, 2),
+                                "bleu_copy_source": round(bleu.corpus_score(
+                                    [it["src_text"] for it in ood], [[it["tgt_text"] for it in ood]]).score, 2)}
     buckets = []
     for label, low, high in _buckets(run.evaluate.get("length_buckets", [5, 10, 15])):
         sel = [i for i, it in enumerate(items) if low <= len(it["src_text"].split()) <= high]
@@ -268,23 +213,67 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     metrics["examples"] = [{"src": items[i]["src_text"], "ref": refs[i], "beam": hyp_beam[i], "greedy": hyp_greedy[i]}
                            for i in range(min(8, len(items)))]
     if hasattr(model, "decode_uncached"):
-        metrics["cache_check"] = cache_check(model, task, items)
+        # A correctness check, not a metric: re-running the whole prefix every step costs O(T^2), over
+        # 2,500 sentences of up to 40 words longer than the beam search itself, so a sample of them.
+        sample = items[:: max(1, len(items) // run.evaluate.get("cache_check_sentences", 256))]
+        metrics["cache_check"] = cache_check(model, task, sample)
     if getattr(cfg, "attention", None) != "none":  # the RNNencdec ablation has no alignment
         for n, i in enumerate(sorted(range(len(items)), key=lambda i: len(items[i]["src"]))[len(items) // 2 :][:4]):
             src_tok = [sp["de"].id_to_piece(t) for t in items[i]["src"]]
             tgt_tok = [sp["en"].id_to_piece(t) for t in beam_out[i]["tokens"].tolist()] + ["</s>"]
             P.alignment(beam_out[i]["attention"], src_tok, tgt_tok, plots / f"alignment_{n}.png",
-                        f"{run.name}: {hyp_beam[i][:60]}")
+                        f"{run.name}: {hyp_beam[i][:60]}", "German source piece", "English output piece (beam)",
+                        reference=refs[i][:80])
             greedy = model.predict(task.collate([items[i]]))
             if "attention_heads" in greedy:  # Transformer: every layer and head (greedy decode)
                 steps = int(greedy["lengths"][0]) + 1  # the emitted pieces and the EOS step
                 tgt_tok = [sp["en"].id_to_piece(t) for t in greedy["tokens"][0, : steps - 1].tolist()] + ["</s>"]
                 P.head_grid(greedy["attention_heads"][0, :steps].numpy(), src_tok, tgt_tok,
                             plots / f"heads_{n}.png", f"{run.name}: {hyp_greedy[i][:60]}")
-    row = {"headline": {"bleu_beam": metrics["bleu_beam"], "bleu_greedy": metrics["bleu_greedy"]},
+    row = {"headline": {"bleu_beam": metrics["bleu_beam"], "bleu_greedy": metrics["bleu_greedy"],
+                        "chrf_beam": metrics["chrf_beam"], "bleu_copy_source": metrics["bleu_copy_source"],
+                        **({"bleu_dict_greedy": metrics["dict_test"]["bleu_greedy"]} if "dict_test" in metrics else {})},
            "by_length": {"metric": "BLEU (beam)", "xlabel": "source sentence length (words)",
-                         "labels": [b["bucket"] for b in buckets], "values": [b["bleu"] for b in buckets]}}
+                         "labels": [b["bucket"] for b in buckets], "values": [b["bleu"] for b in buckets],
+                         "counts": [b["sentences"] for b in buckets]},
+           "by_group": {"metric": "BLEU (beam)", "title": "corpus source",
+                        "note": "Sources with at least 100 test sentences; the floor copies the German source "
+                                "unchanged (names, commands and numbers pass through).",
+                        "labels": [g["source"] for g in metrics["by_source"]],
+                        "values": [g["bleu"] for g in metrics["by_source"]],
+                        "floor": [g["bleu_copy_source"] for g in metrics["by_source"]],
+                        "counts": [g["sentences"] for g in metrics["by_source"]]}}
     return metrics, row
+
+
+def greedy_translate(model, task, items: list[dict], sp_en) -> list[str]:
+    """Greedy translations (``model.predict``) in batches of 64 similar-length sources."""
+    ids = [None] * len(items)
+    order = sorted(range(len(items)), key=lambda i: len(items[i]["src"]))
+    for start in range(0, len(order), 64):
+        idx = order[start : start + 64]
+        out = model.predict(task.collate([items[i] for i in idx]))
+        for row, i in enumerate(idx):
+            ids[i] = out["tokens"][row, : out["lengths"][row]].tolist()
+    return [sp_en.decode(x) for x in ids]
+
+
+def by_source(items: list[dict], hyps: list[str], refs: list[str], copy: list[str], min_sentences: int) -> list[dict]:
+    """BLEU and chrF per corpus source (those with at least ``min_sentences`` test sentences), beside
+    the copy-the-source floor on the same sentences."""
+    import sacrebleu
+
+    rows = []
+    for name in sorted({it.get("source", "") for it in items}):
+        sel = [i for i, it in enumerate(items) if it.get("source", "") == name]
+        if len(sel) < min_sentences:
+            continue
+        pick = lambda xs: [xs[i] for i in sel]  # noqa: E731
+        rows.append({"source": name, "sentences": len(sel),
+                     "bleu": round(sacrebleu.corpus_bleu(pick(hyps), [pick(refs)]).score, 2),
+                     "chrf": round(sacrebleu.corpus_chrf(pick(hyps), [pick(refs)]).score, 2),
+                     "bleu_copy_source": round(sacrebleu.corpus_bleu(pick(copy), [pick(refs)]).score, 2)})
+    return rows
 
 
 def cache_check(model, task, items: list[dict]) -> dict:

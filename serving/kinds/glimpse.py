@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from serving import decode
+from serving.admission import COMPUTE
 from serving.base import ServedModel, check_pixels, specs
 from serving.kinds import register
 from serving.protocol import RequestError, TensorSpec
@@ -38,5 +39,7 @@ class GlimpseModel(ServedModel):
         check_pixels("image", images)
         if images.shape[0] == 0:
             raise RequestError("input 'image' needs at least one image")
-        r = decode.glimpses(self.start, self.step, images, self.count)
+        # A large request's rows over the --infer-threads cores (each glimpse call is small).
+        r = decode.split_rows(lambda f: decode.glimpses(self.start, self.step, f["image"], self.count),
+                              {"image": images}, COMPUTE.size)
         return {"logits": (r["logits"], "FP32"), "pred": (r["pred"], "INT64"), "locations": (r["locations"], "FP32")}

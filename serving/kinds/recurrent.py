@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from serving import decode
+from serving.admission import COMPUTE
 from serving.base import ServedModel, specs
 from serving.kinds import register
 from serving.protocol import RequestError, TensorSpec
@@ -36,7 +37,9 @@ class RecurrentModel(ServedModel):
         x = feeds["x"].astype(np.float32)
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise RequestError("input 'x' needs at least one sequence of at least one step")
-        r = decode.unroll(self.init, self.step, x, tuple(self.attention.values()))
+        # A large request's rows over the --infer-threads cores (each step call is small).
+        r = decode.split_rows(lambda f: decode.unroll(self.init, self.step, f["x"], tuple(self.attention.values())),
+                              {"x": x}, COMPUTE.size)
         out = {"logits": (r["logits"], "FP32")}
         if "bit_threshold" in self.serving:
             out["bits"] = ((r["logits"] > self.serving["bit_threshold"]).astype(np.uint8), "UINT8")

@@ -11,7 +11,7 @@ from serving import decode
 from serving.admission import over_limit
 from serving.base import ServedModel, decode_params
 from serving.kinds import register
-from serving.protocol import TensorSpec
+from serving.protocol import RequestError, TensorSpec
 
 
 @register("translation")
@@ -29,6 +29,10 @@ class TranslationModel(ServedModel):
             TensorSpec("attention", "FP32", (-1, -1, -1)),  # [N, target pieces (+EOS), source pieces]
             TensorSpec("source_pieces", "BYTES", (-1, -1)),
             TensorSpec("target_pieces", "BYTES", (-1, -1)),
+            # The `nbest` best beam hypotheses of each text, best first, and their scores (log p over
+            # length**length_penalty, as beam search ranks them); NaN scores for greedy decoding.
+            TensorSpec("nbest", "BYTES", (-1, -1)),
+            TensorSpec("nbest_scores", "FP32", (-1, -1)),
         ], limits)
         self.serving = meta["serving"]
         self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
@@ -50,7 +54,8 @@ class TranslationModel(ServedModel):
                 r = decode.beam_search(self.encoder, self.step, np.array([src], dtype=np.int64),
                                        np.array([len(src)], dtype=np.int64), s["bos_id"], s["eos_id"],
                                        s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0))
-                out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src})
+                out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src,
+                            "nbest": [(t.tolist(), score) for t, score in r["nbest"]]})
             return out
         width = max(len(x) for x in srcs)
         src = np.full((len(srcs), width), s["pad_id"], dtype=np.int64)  # [N,S] right-padded
@@ -62,17 +67,26 @@ class TranslationModel(ServedModel):
         for i in range(len(srcs)):
             n = int(r["lengths"][i])
             rows = min(n + 1, r["attention"].shape[1])  # the emitted pieces and the EOS step
-            out.append({"tokens": r["tokens"][i, :n].tolist(), "attention": r["attention"][i, :rows], "src": srcs[i]})
+            tokens = r["tokens"][i, :n].tolist()
+            out.append({"tokens": tokens, "attention": r["attention"][i, :rows], "src": srcs[i],
+                        "nbest": [(tokens, float("nan"))]})
         return out
 
     def infer(self, feeds, params):
         mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
+        nbest = params.get("nbest", 1)
+        if not isinstance(nbest, int) or isinstance(nbest, bool) or not 1 <= nbest <= beam:
+            raise RequestError(f"parameter 'nbest' must be an integer from 1 to the beam size ({beam})")
+        if nbest > 1 and mode != "beam":
+            raise RequestError("parameter 'nbest' above 1 needs decode 'beam' (greedy decoding has one hypothesis)")
         texts = [str(t) for t in feeds["text"].reshape(-1)]
         if not texts:
             return {"translation": (np.array([], dtype=object), "BYTES"),
                     "attention": (np.zeros((0, 0, 0), np.float32), "FP32"),
                     "source_pieces": (np.zeros((0, 0), dtype=object), "BYTES"),
-                    "target_pieces": (np.zeros((0, 0), dtype=object), "BYTES")}
+                    "target_pieces": (np.zeros((0, 0), dtype=object), "BYTES"),
+                    "nbest": (np.zeros((0, nbest), dtype=object), "BYTES"),
+                    "nbest_scores": (np.zeros((0, nbest), np.float32), "FP32")}
         results = self.translate(texts, mode, beam)
         rows = max(r["attention"].shape[0] for r in results)
         cols = max(r["attention"].shape[1] for r in results)
@@ -87,5 +101,12 @@ class TranslationModel(ServedModel):
             pieces += ["</s>"] * (a.shape[0] - len(pieces))  # the EOS step's row, when decoded
             tgt_pieces[i, : len(pieces)] = pieces
         translations = np.array([self.tgt_sp.decode(r["tokens"]) for r in results], dtype=object)
+        # [N, nbest]: a text with fewer finished hypotheses than asked for gets "" and NaN after them
+        hyps = np.full((len(results), nbest), "", dtype=object)
+        scores = np.full((len(results), nbest), np.nan, dtype=np.float32)
+        for i, r in enumerate(results):
+            for k, (tokens, score) in enumerate(r["nbest"][:nbest]):
+                hyps[i, k], scores[i, k] = self.tgt_sp.decode(tokens), score
         return {"translation": (translations, "BYTES"), "attention": (attention, "FP32"),
-                "source_pieces": (src_pieces, "BYTES"), "target_pieces": (tgt_pieces, "BYTES")}
+                "source_pieces": (src_pieces, "BYTES"), "target_pieces": (tgt_pieces, "BYTES"),
+                "nbest": (hyps, "BYTES"), "nbest_scores": (scores, "FP32")}

@@ -1,0 +1,102 @@
+"""Fetch Debian binary packages without root and unpack them into a cache outside the prepared data.
+
+``apt-get download`` (the system's apt sources; no root needed) puts ``<name>_<version>_<arch>.deb``
+into ``<cache>/debs``; ``dpkg-deb -x`` unpacks each into ``<cache>/trees/<name>_<version>``. Both
+steps are skipped for what the cache already holds, so a second build downloads nothing. The
+versions found are returned for the manifest: the same versions give the same corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote
+
+from pipeline.corpus import CorpusError
+
+
+def default_cache() -> Path:
+    """``$ATTNZOO_CACHE`` or ``$XDG_CACHE_HOME/attnzoo`` (``~/.cache/attnzoo``): downloads are kept
+    across builds and clones, never inside ``data/prepared`` (a DVC output)."""
+    if os.environ.get("ATTNZOO_CACHE"):
+        return Path(os.environ["ATTNZOO_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo"
+
+
+def _debs(folder: Path) -> dict[str, Path]:
+    """{package name: newest .deb in ``folder``} (file names are name_version_arch.deb)."""
+    found: dict[str, Path] = {}
+    for deb in sorted(folder.glob("*.deb")):
+        found[deb.name.split("_")[0]] = deb  # sorted: a later version of one name wins
+    return found
+
+
+def _version(deb: Path) -> str:
+    return unquote(deb.name.split("_")[1])  # apt writes the epoch's ':' as %3a
+
+
+def _download(names: list[str], folder: Path, hint: str) -> None:
+    """``apt-get download`` all ``names`` at once; on failure, one by one to name the culprit."""
+    cmd = ["apt-get", "download", "-q"]
+    if subprocess.run(cmd + names, cwd=folder, capture_output=True, text=True).returncode == 0:
+        return
+    for name in names:
+        got = subprocess.run(cmd + [name], cwd=folder, capture_output=True, text=True)
+        if got.returncode != 0:
+            reason = (got.stderr.strip().splitlines() or ["apt-get failed"])[-1].removeprefix("E: ")
+            raise CorpusError(f"Debian package {name} could not be fetched ({reason}): check that "
+                              f"`apt-get download {name}` works here (network, apt sources), or {hint}")
+
+
+def fetch(names: list[str], cache: Path, hint: str = "turn its source off in params.yaml",
+          progress: bool = True) -> dict[str, tuple[str, Path]]:
+    """Download and unpack ``names``; returns {name: (version, unpacked root)}.
+
+    ``hint``: what the error message offers besides fixing apt (e.g. the params.yaml switch).
+    """
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        raise CorpusError("apt-get and dpkg-deb are needed to fetch the Debian packages of the corpus: run "
+                          f"on Debian or Ubuntu, or {hint}")
+    debs_dir, trees_dir = cache / "debs", cache / "trees"
+    debs_dir.mkdir(parents=True, exist_ok=True)
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    wanted = sorted(set(names))
+    have = _debs(debs_dir)
+    missing = [n for n in wanted if n not in have]
+    if missing:
+        from tqdm.auto import tqdm
+
+        # Batches of 20: one apt-get call per batch keeps the progress bar moving on 1,850 packages.
+        for at in tqdm(range(0, len(missing), 20), desc="apt-get download", unit="batch", disable=not progress):
+            _download(missing[at : at + 20], debs_dir, hint)
+        have = _debs(debs_dir)
+    out = {}
+    for name in wanted:
+        if name not in have:  # apt-get succeeded but wrote another name (a virtual package)
+            raise CorpusError(f"Debian package {name} could not be fetched (apt-get download gave no {name}_*.deb): "
+                              f"check the name, or {hint}")
+        deb = have[name]
+        version = _version(deb)
+        tree = trees_dir / f"{name}_{version}"
+        if not (tree / ".unpacked").exists():
+            shutil.rmtree(tree, ignore_errors=True)
+            tmp = tree.with_name(tree.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            got = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+            if got.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise CorpusError(f"{deb.name} could not be unpacked ({got.stderr.strip()[-200:]}): delete it "
+                                  "from the cache and build again")
+            (tmp / ".unpacked").write_text(version)
+            tmp.rename(tree)
+        out[name] = (version, tree)
+    return out
+
+
+def download_bytes(cache: Path, names: list[str]) -> int:
+    """Bytes of the ``.deb`` files of ``names`` in the cache (the download a fresh build makes)."""
+    have = _debs(cache / "debs")
+    return sum(have[n].stat().st_size for n in set(names) if n in have)

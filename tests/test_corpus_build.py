@@ -1,0 +1,139 @@
+"""The corpus builder (pipeline.corpus): cleaning, the document split and its leak guard, a user's
+own corpus through the translation task, and the errors a user can meet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.corpus import CorpusError, Pair
+from pipeline.corpus.build import clean_all, read_file_corpus, split_by_document
+from pipeline.corpus.clean import Rules, clean_pair, normalise, sentence_pairs, sentences
+from pipeline.corpus.debian import fetch
+from pipeline.prepare import prepare
+from pipeline.tasks import TaskError, get_task
+
+
+def test_normalise_strips_markup_entities_and_accelerators_but_not_words():
+    assert normalise("Klicken Sie auf <b>_Datei</b> &amp; dann &Speichern") == "Klicken Sie auf Datei & dann Speichern"
+    assert normalise("a && b ~/.config  x_y") == "a && b ~/.config x_y"
+    assert normalise("Trenn\u00adung\u200b hier") == "Trenn ung hier"  # format characters become spaces
+    assert normalise("Joe <joe@example.com> &lt;b&gt; a < b > c") == "Joe <joe@example.com> <b> a < b > c"
+
+
+def test_clean_pair_rules():
+    rules = Rules()
+    assert clean_pair("Öffnen Sie die Datei jetzt.", "Open the file now.", rules) == \
+        ("Öffnen Sie die Datei jetzt.", "Open the file now.")
+    assert clean_pair("Datei %s wurde gelöscht.", "File %s was deleted.", rules) is None  # placeholder
+    assert clean_pair("Fenster {0} schließen jetzt", "Close window {0} now", rules) is None
+    assert clean_pair("GNU Image Manipulation Program", "GNU Image Manipulation Program", rules) is None  # untranslated
+    assert clean_pair("Ja bitte", "Yes please", rules) is None  # under 3 words
+    assert clean_pair("Ein zwei drei", "one two three four five six seven eight", rules) is None  # ratio 2.67
+    assert clean_pair("eine kleine Liste hier", "a small list here", Rules(sentence_like=True)) is None
+    assert clean_pair("Eine kleine Liste hier.", "A small list here.", Rules(sentence_like=True)) is not None
+
+
+def test_sentences_split_where_both_sides_agree_and_not_after_abbreviations():
+    assert sentences("Wählen Sie z. B. Datei. Dann klicken Sie auf OK.") == [
+        "Wählen Sie z. B. Datei.", "Dann klicken Sie auf OK."]
+    assert sentence_pairs("Eins ist gut. Zwei ist besser.", "One is good. Two is better.") == [
+        ("Eins ist gut.", "One is good."), ("Zwei ist besser.", "Two is better.")]
+    # 2 German sentences against 1 English: the paragraph stays whole
+    assert sentence_pairs("Eins. Zwei.", "One and two.") == [("Eins. Zwei.", "One and two.")]
+
+
+def _pairs(docs: int, per_doc: int, source: str = "s") -> list[Pair]:
+    return [Pair(f"Satz {d} Nummer {i} hier.", f"Sentence {d} number {i} here.", source, f"{source}:{d}", "MIT")
+            for d in range(docs) for i in range(per_doc)]
+
+
+def test_document_split_keeps_documents_whole_and_drops_leaks():
+    pairs = _pairs(40, 5)
+    # the same English sentence in two documents: wherever the first lands held out, the copy must not train
+    pairs.append(Pair("Ein anderer Satz hier.", "Sentence 0 number 0 here.", "s", "s:dup", "MIT"))
+    split, facts = split_by_document(pairs, seed=1, val_size=20, test_size=20, max_doc_share=0.25)
+    docs = {s: {p.doc for p in rows} for s, rows in split.items()}
+    assert not (docs["train"] & docs["test"]) and not (docs["train"] & docs["val"]) and not (docs["val"] & docs["test"])
+    assert len(split["test"]) == 20 and len(split["val"]) == 20  # 4 documents of 5 each
+    held = {p.en for s in ("val", "test") for p in split[s]}
+    assert not any(p.en in held for p in split["train"])
+    assert sum(facts["leak_dropped"].values()) == (1 if "Sentence 0 number 0 here." in held else 0)
+    again, _ = split_by_document(pairs, seed=1, val_size=20, test_size=20, max_doc_share=0.25)
+    assert again == split  # deterministic
+    with pytest.raises(CorpusError, match="too few documents"):
+        split_by_document(_pairs(3, 5), seed=1, val_size=20, test_size=20, max_doc_share=0.25)
+
+
+def test_big_documents_always_train():
+    pairs = _pairs(30, 2) + _pairs(1, 50, source="big")
+    split, _ = split_by_document(pairs, seed=0, val_size=10, test_size=10, max_doc_share=0.5)
+    assert all(p.source == "s" for s in ("val", "test") for p in split[s])
+    assert sum(p.source == "big" for p in split["train"]) == 50
+
+
+def test_clean_all_deduplicates_across_sources_keeping_the_first():
+    a = Pair("Öffnen Sie die Datei.", "Open the file.", "first", "first:1", "MIT")
+    b = Pair("öffnen sie die Datei", "Open the file!", "second", "second:1", "GPL")  # same after folding
+    kept, clean, dupes = clean_all([a, b], Rules())
+    assert [p.source for p in kept] == ["first"] and clean == {"first": 1, "second": 1} and dupes == {"second": 1}
+
+
+def _tsv(path, rows: int, header: str = "source\ttarget\tdoc"):
+    adjectives = ["rot", "blau", "grün", "groß", "klein", "alt", "neu", "schnell", "langsam", "hell"]
+    english = ["red", "blue", "green", "big", "small", "old", "new", "fast", "slow", "bright"]
+    lines = [header] + [f"Das Haus Nummer {i} ist sehr {adjectives[i % 10]}.\tHouse number {i} is very "
+                        f"{english[i % 10]}.\tstreet{i // 4}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_own_corpus_under_a_task_of_its_own(tmp_path, monkeypatch):
+    """``tasks.houses: {like: translation_de_en, corpus: pairs.tsv}``: the translation task's code
+    prepares, loads and batches the user's pairs; the same file gives the same bytes twice."""
+    import pipeline.config
+
+    corpus = tmp_path / "pairs.tsv"
+    _tsv(corpus, 400)
+    params = {"seed": 3, "vocab_size": 300, "corpus": str(corpus), "val_size": 40, "test_size": 40,
+              "max_doc_share": 0.2, "clean": {"min_words": 3, "max_words": 40}}
+    real = pipeline.config.load_params()
+    monkeypatch.setattr(pipeline.config, "load_params", lambda root=None: {**real, "tasks": {"houses": {
+        "like": "translation_de_en", **params}}})
+    manifest = prepare("houses", params, tmp_path / "houses")
+    assert manifest["task"] == "houses" and manifest["pairs"] == {"train": 320, "val": 40, "test": 40}
+    assert manifest["sources"]["file"]["units"] == 400 and manifest["documents"]["test"] == 10
+    task = get_task("houses")
+    assert task.name == "houses" and get_task("translation_de_en").name == "translation_de_en"
+    items = task.load(tmp_path / "houses", "test")
+    assert len(items) == 40 and {it["source"] for it in items} == {"file"}
+    batch = task.collate(items[:4])
+    assert batch["src"].shape[0] == 4 and (batch["src_len"] > 2).all()
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "houses" / "spm.en.model"))
+    assert sp.decode(items[0]["tgt"]) == items[0]["tgt_text"]
+    again = prepare("houses", params, tmp_path / "again")
+    assert again["files"] == manifest["files"]  # deterministic output for the same input
+    assert not (tmp_path / "houses" / "test_dict.pt").exists()  # the dictionary check is for the default corpus
+
+
+def test_own_corpus_errors_name_the_fix(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("de\ten\nHallo Welt hier\tHello world here\n")
+    with pytest.raises(CorpusError, match="needs columns 'source' and 'target'"):
+        read_file_corpus(bad)
+    with pytest.raises(CorpusError, match="does not exist"):
+        read_file_corpus(tmp_path / "absent.tsv")
+    params = {"seed": 3, "vocab_size": 300, "corpus": str(bad), "val_size": 4, "test_size": 4}
+    prepare_dir = tmp_path / "t"
+    prepare_dir.mkdir()
+    (prepare_dir / "manifest.json").write_text(json.dumps({"earlier": True}))
+    with pytest.raises(TaskError, match="source' and 'target'"):
+        prepare("translation_de_en", params, prepare_dir)
+    assert json.loads((prepare_dir / "manifest.json").read_text()) == {"earlier": True}  # untouched
+
+
+def test_a_package_that_cannot_be_fetched_is_named_with_the_way_out(tmp_path):
+    with pytest.raises(CorpusError, match=r"attnzoo-no-such-package could not be fetched .*turn its source off"):
+        fetch(["attnzoo-no-such-package"], tmp_path, progress=False)
