@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,9 @@ class Pair:
     licence: str  # of the package it came from, e.g. "MPL-2.0"
 
 
-class Source:
-    """One origin of aligned text. Subclasses set ``name``/``licence`` and implement the two methods."""
+class Source(ABC):
+    """One origin of aligned text. Subclasses set ``name``/``licence`` and implement ``pairs`` (and
+    ``packages`` / ``versions`` when they read any)."""
 
     name: str = ""
     licence: str = ""
@@ -44,12 +46,12 @@ class Source:
         ``params.yaml`` block (``{}`` when it is just switched on)."""
         return []
 
+    @abstractmethod
     def pairs(self, trees: dict[str, Path], options: dict, cache: Path) -> Iterator[Pair]:
         """Aligned text units found in the extracted packages: ``trees[package]`` is the root of its
         unpacked file system. Units may be paragraphs (cleaned and split later) and may still carry
         inline markup the source knows how to strip. ``cache`` is a folder the source may use for
         what it downloads itself (DDTP's translation indexes)."""
-        raise NotImplementedError
 
     def versions(self, options: dict, cache: Path) -> dict[str, str]:
         """What the source read besides packages (e.g. index files and their hashes), for the
