@@ -38,7 +38,7 @@ IF = "{http://projectmallard.org/if/1.0/}"
 XI = "{http://www.w3.org/2001/XInclude}"
 
 # The 104 packages of Debian bookworm that ship ``usr/share/help/de/**/*.page``, selected once
-# (2026-11) from the 504 candidates in shared/data/debian_pkgs_kde_gnome_help_qm.txt by downloading
+# (2026-11) from 504 candidates (bookworm packages with KDE, GNOME or Qt translations) by downloading
 # each and listing its files (``dpkg-deb -c``); hard-coded because discovering them at build time
 # would fetch all 504 (~1.7 GB).
 PACKAGES = [

@@ -40,8 +40,8 @@ from pipeline.corpus import CorpusError, Pair, Source, register
 
 # Binary packages of Debian bookworm holding a German KDE handbook whose English original exists,
 # plus the package of that original where it lives elsewhere (k3b: German in k3b-i18n, English in
-# k3b-data). Obtained once (2026-11) by downloading the KDE packages among the 504 candidates of
-# shared/data/debian_pkgs_kde_gnome_help_qm.txt (those maintained by the Qt/KDE team or
+# k3b-data). Obtained once (2026-11) by downloading the KDE packages among 504 candidates (bookworm
+# packages with KDE, GNOME or Qt translations; those maintained by the Qt/KDE team or
 # linked to kdoctools, khelpcenter or KF5) and listing ``usr/share/doc/HTML/{de,en}/**/index.cache.bz2``
 # with ``dpkg-deb -c``: 163 packages, 247 handbooks in both languages (~575 MB of .deb files).
 # Fetching all candidates at build time to rediscover this would be too slow.

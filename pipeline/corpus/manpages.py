@@ -48,7 +48,7 @@ from pipeline.corpus.clean import normalise, sentences
 
 GERMAN_PACKAGES = ["manpages-de", "manpages-de-dev"]
 
-# The English side: the packages of /work/shared/data/debian_pkgs_english_manpages.txt (bookworm) that
+# The English side: the bookworm packages (of 121 candidates: the usual owners of English man pages) that
 # ship a page usr/share/man/man<N>/<page>.<N>.gz whose German translation is in manpages-de 4.18.1-1
 # or manpages-de-dev, found by fetching all 121 of them (about 75 MB) and comparing file names
 # (2,073 matches), less bcron, elogind and runit-init: their crontab, busctl, halt… pages are other
