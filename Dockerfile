@@ -36,10 +36,11 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
 
 WORKDIR /app
 
-# The serve extra only (read from pyproject.toml, the one list): `pip install .` or ".[serve]" would also
-# install the main dependencies, torch among them. The build fails if torch got in all the same.
+# What `pip install "attnzoo[serve]"` installs (pyproject.toml's base dependencies and the serve extra, read
+# from there, the one list), without building the package: the image holds serving/ only, not models/ or
+# pipeline/. No torch (that is the train extra); the build fails if torch got in all the same.
 COPY pyproject.toml ./
-RUN python -c 'import os, re, tomllib; reqs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["serve"]; print("\n".join(re.sub(r"^onnxruntime(?=[\s<>=!~;\[]|$)", os.environ["ONNXRUNTIME"], r) for r in reqs))' > requirements-serve.txt \
+RUN python -c 'import os, re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; reqs = p["dependencies"] + p["optional-dependencies"]["serve"]; print("\n".join(re.sub(r"^onnxruntime(?=[\s<>=!~;\[]|$)", os.environ["ONNXRUNTIME"], r) for r in reqs))' > requirements-serve.txt \
     && cat requirements-serve.txt \
     && pip install -r requirements-serve.txt \
     && python -c 'import importlib.util, sys; sys.exit("torch is installed in the serving image" if importlib.util.find_spec("torch") else 0)'

@@ -24,6 +24,11 @@ import yaml
 STAGES = ["prepare", "tune", "train", "evaluate", "export", "quantize", "publish", "report"]
 # no torch behind these; "module:function" when the command is not the module's main()
 SERVING = {"serve": "serving.server", "predict": "serving.client", "translate": "serving.client:translate_main"}
+# A base install is the torch-free server (pyproject.toml); the rest comes with an extra. A command that
+# needs a module of one names the extra to install instead of ending in a traceback.
+EXTRAS = {"onnxruntime": "serve", **{m: "train,cpu" for m in (
+    "torch", "accelerate", "onnx", "onnxscript", "ray", "mlflow", "dvc", "safetensors", "sacrebleu", "matplotlib",
+    "scipy")}}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 DESCRIPTIONS = {
     "repro": "run the pipeline's changed stages in parallel (--jobs N) or on a Ray cluster (--ray)",
@@ -208,15 +213,27 @@ def main(argv: list[str] | None = None) -> None:
         hint = f"; did you mean '{near[0]}'?" if near else ""
         print(f"error: unknown command '{command}'{hint} (`attnzoo --help` lists them)", file=sys.stderr)
         raise SystemExit(2)
+    try:
+        _dispatch(command, argv[1:])
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in EXTRAS:
+            raise
+        print(f"error: `attnzoo {command}` needs {missing}, which is not installed here; install it with "
+              f"pip install \"attnzoo[{EXTRAS[missing]}]\" (in a checkout: make setup)", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _dispatch(command: str, args: list[str]) -> None:
     if command == "list":
-        return list_main(argv[1:])
+        return list_main(args)
     if command in REMOTE:
         from pipeline import remote
 
-        return getattr(remote, REMOTE[command])(argv[1:])
+        return getattr(remote, REMOTE[command])(args)
     sys.argv[0] = f"attnzoo {command}"  # argparse's prog in each command's usage and errors
     module, _, function = SERVING.get(command, f"pipeline.{command}").partition(":")
-    getattr(importlib.import_module(module), function or "main")(argv[1:])
+    getattr(importlib.import_module(module), function or "main")(args)
 
 
 if __name__ == "__main__":

