@@ -13,8 +13,8 @@ recipe of ``quantize@<model>`` (``pipeline.quantize.quantize_graphs``: onnxrunti
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
 the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
-noisy: compare within one row); the figure is the median of the repeats, in ms. At t threads PyTorch runs with t intra-op threads; ONNX Runtime as the
-server does: a single graph with t intra-op threads, a looping model's graphs with one each and a
+noisy: compare within one row); the figure is the median of the repeats, in ms. At t threads
+PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t intra-op threads, a looping model's graphs with one each and a
 batch's rows split over t loops at once (``serving.decode.split_rows``).
 """
 
@@ -209,7 +209,7 @@ def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict
     return row
 
 
-# The issue's bars on the whole-loop speed-up of ONNX Runtime fp32 over PyTorch eager.
+# The bars on the whole-loop speed-up of ONNX Runtime fp32 over PyTorch eager.
 def bar(loop: str, size: int) -> float:
     return {1: 1.5 if loop != "single" else 1.3}.get(size, 1.0)
 

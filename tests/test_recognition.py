@@ -1,4 +1,4 @@
-"""The recognition family (issue #7): OCR rendering and model, speech features, synthesis and model."""
+"""The recognition family: OCR rendering and model, speech features, synthesis and model."""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.corpus.dictionary import DICT, extract_pairs
 from pipeline.prepare import prepare
 from pipeline.tasks import TaskError, get_task
 from pipeline.tasks.copy import CopyTask
-from pipeline.corpus.dictionary import DICT, extract_pairs
 from pipeline.tasks.translation_de_en import TranslationTask
 
 INSTALLED = Path("/") / DICT  # make setup installs dict-de-en
