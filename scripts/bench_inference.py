@@ -14,8 +14,9 @@ quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
 the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
 noisy: compare within one row); the figure is the median of the repeats, in ms. At t threads
-PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t intra-op threads, a looping model's graphs with one each and a
-batch's rows split over t loops at once (``serving.decode.split_rows``).
+PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t
+intra-op threads, a looping model's graphs with one each and a batch's rows split over t loops at
+once (``serving.decode.split_rows``).
 """
 
 from __future__ import annotations

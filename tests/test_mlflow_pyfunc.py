@@ -9,7 +9,7 @@ import mlflow
 import numpy as np
 
 from pipeline.publish import register
-from tests.conftest import tiny_batch
+from tests.conftest import TINY, tiny_batch
 from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _same
 
@@ -20,10 +20,20 @@ def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.create_experiment("pyfunc", artifact_location=(tmp_path / "artifacts").as_uri())
     images = tiny_batch("show_attend_tell", seed=7, batch=2)["image"].numpy()
+    rng = np.random.default_rng(1)
     cases = {"bahdanau": [({"text": np.array(TEXTS, dtype=object)}, {"decode": "greedy"}),
                           ({"text": np.array(TEXTS[:1], dtype=object)}, {"decode": "beam", "beam": 2})],
              "ntm": [({"x": np.random.default_rng(0).integers(0, 2, (2, 4, 5)).astype(np.float32)}, {})],
-             "captioner": [({"image": images}, {"decode": "beam"})]}
+             "captioner": [({"image": images}, {"decode": "beam"})],
+             # single-graph models: one ONNX graph, no loop (ACT: bits in; the Neural Programmer: text and a table)
+             "act": [({"x": rng.integers(-1, 2, (3, TINY["act"]["input_size"])).astype(np.float32)}, {})],
+             "programmer": [({"question": np.array(["sum of price where age greater than 40", "How many rows?"],
+                                                   dtype=object),
+                              "columns": np.array([["price", "age", "rank"]] * 2, dtype=object),
+                              "table": rng.integers(0, 100, (2, 6, 3)).astype(np.float32)}, {})]}
+    # an example request where one can be made without the task's data: a sentence, an image, a bit vector
+    with_example = {"bahdanau", "captioner", "act"}
+    with_search = {"bahdanau", "captioner"}  # decode / beam parameters only where there is a search
     for name, requests in cases.items():
         folder = server.published.repo / name / "1"
         meta = json.loads((folder / "metadata.json").read_text())
@@ -33,10 +43,8 @@ def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp
         served = server.client.model_metadata(name, 1)
         assert model.metadata.get_input_schema().input_names() == [i["name"] for i in served["inputs"]]
         assert model.metadata.get_output_schema().input_names() == [o["name"] for o in served["outputs"]]
-        # an example request where one can be made without the task's data: a sentence, an image
-        assert (model.metadata.saved_input_example_info is not None) == (name != "ntm"), name
-        params = model.metadata.get_params_schema()
-        assert (params is not None) == (name != "ntm"), name  # decode / beam only where there is a search
+        assert (model.metadata.saved_input_example_info is not None) == (name in with_example), name
+        assert (model.metadata.get_params_schema() is not None) == (name in with_search), name
         client = mlflow.MlflowClient()
         mv = client.get_model_version(name, version)
         assert mv.tags["repository_version"] == "1" and "mlflow.source.git.commit" in mv.tags

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,7 +81,8 @@ def test_health_and_server_metadata(server):
     assert raw(server.url, "GET", "/v2/health/live") == (200, {"live": True})
     assert raw(server.url, "GET", "/v2/health/ready") == (200, {"ready": True})
     status, meta = raw(server.url, "GET", "/v2")
-    assert status == 200 and meta["name"] == "attnzoo" and meta["version"] == "0.1.0"
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]  # the one place it is written
+    assert status == 200 and meta["name"] == "attnzoo" and meta["version"] == version
 
 
 def test_model_metadata_versions_and_readiness(server):
