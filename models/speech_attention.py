@@ -47,7 +47,7 @@ class SpeechAttentionConfig:
     hidden: int = 256
     attn_dim: int = 128
     attention: str = "location"  # content | location
-    loc_filters: int = 10  # F = 10 (issue #7; the paper's TIMIT model too)
+    loc_filters: int = 10  # F = 10, as in the paper's TIMIT model
     loc_width: int = 21  # annotations each filter spans (odd)
     sharpening: float = 1.0  # β
     smoothing: bool = False

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Write the comparison report of one task.")
-    ap.add_argument("task")
+    ap.add_argument("task", help="a params.yaml task, e.g. translation_de_en")
     args = ap.parse_args(argv)
 
     def body():
