@@ -28,7 +28,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process
 
 DOCKERFILE, DOCKERIGNORE = ROOT / "Dockerfile", ROOT / ".dockerignore"
 KSERVE = ROOT / "deploy" / "kserve"
@@ -427,12 +427,7 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         assert out["name"] == "y" and out["shape"] == [2, 2]
         np.testing.assert_allclose(np.array(out["data"]).reshape(2, 2), x @ w, rtol=1e-6)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
 
 
 # ---- Triton: single-graph models with a free batch axis batch dynamically --------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY, copy_repo, venv_env
+from tests.conftest import TINY, bf16_lstm_supported, copy_repo, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +84,11 @@ def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
         entry["model"].pop("write_walk", None)
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "log_every": 3, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
+        if entry["train"].get("precision") == "bf16" and entry["arch"] == "luong" and not bf16_lstm_supported():
+            # This CPU cannot run an LSTM under bf16 autocast, so neither can the real pipeline's
+            # Luong entries (tests/test_train.py::test_bf16_autocast_trains_an_lstm_model_on_this_cpu,
+            # a strict xfail there); the smoke run keeps to what the CPU can do.
+            entry["train"]["precision"] = "fp32"
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
                              "beam": 3,
                              "beam_examples": 8}

@@ -22,7 +22,7 @@ import torch
 import yaml
 
 import models
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, stop_process
 from tests.serving_repo import _publish
 
 # The README's ntm example: 8 bits and the delimiter channel, as the copy task's data has them.
@@ -152,9 +152,4 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
             ran += 1
         assert ran == len(lines) - 1
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
