@@ -1,9 +1,11 @@
-"""Smoke test: the whole ``dvc repro`` on a temporary copy of the repository with tiny params."""
+"""Smoke test: the README's main command (``make repro``: ``attnzoo repro`` with a job per core) on a
+temporary copy of the repository with tiny params, after which plain ``dvc repro`` has nothing to do."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY, bf16_lstm_supported, copy_repo, venv_env
+from tests.conftest import TINY, copy_repo, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -84,11 +86,6 @@ def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
         entry["model"].pop("write_walk", None)
         entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "log_every": 3, "epochs": 1,
                           "batch_size": 16, "warmup_steps": 2}
-        if entry["train"].get("precision") == "bf16" and entry["arch"] == "luong" and not bf16_lstm_supported():
-            # This CPU cannot run an LSTM under bf16 autocast, so neither can the real pipeline's
-            # Luong entries (tests/test_train.py::test_bf16_autocast_trains_an_lstm_model_on_this_cpu,
-            # a strict xfail there); the smoke run keeps to what the CPU can do.
-            entry["train"]["precision"] = "fp32"
         entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
                              "beam": 3,
                              "beam_examples": 8}
@@ -103,15 +100,56 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_dvc_repro_end_to_end(tmp_path):
+def attnzoo_repro(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """``attnzoo repro ARGS`` as a user runs it (``make repro`` is ``--jobs <cores>``)."""
+    return subprocess.run(["python", "-m", "pipeline.cli", "repro", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=3600)
+
+
+def summary(repo: Path) -> dict:
+    """The runner's record of its last run: each stage's state, seconds, node and threads."""
+    return json.loads((repo / ".dvc" / "tmp" / "repro" / "summary.json").read_text())
+
+
+def assert_dvc_clean(repo: Path, env: dict, *targets: str) -> None:
+    out = run(["dvc", "status", *targets], repo, env)
+    assert "up to date" in out and "changed" not in out, out
+
+
+def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
+    """Every architecture through every stage with ``attnzoo repro --jobs 2``: a training that cannot
+    start stops only its branch, a re-run once it is fixed runs only that branch, and afterwards
+    plain ``dvc status`` / ``dvc repro`` find nothing to do; a model trained in parallel scores what
+    a sequential ``dvc repro`` of it scores."""
     repo = copy_repo(tmp_path / "repo")
     env = venv_env(repo)
     params = tiny_params(yaml.safe_load((repo / "params.yaml").read_text()))
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    good = yaml.safe_dump(params, sort_keys=False)
+    broken = yaml.safe_load(good)
+    broken["models"]["pointer_sort"]["model"]["hidden"] = -1  # its training cannot start
+    (repo / "params.yaml").write_text(yaml.safe_dump(broken, sort_keys=False))
     for path in ("dvc.lock", "runs", "results", "reports"):
         subprocess.run(["rm", "-rf", str(repo / path)], check=True)
     run(["git", "init", "-q"], repo, env)
-    run(["dvc", "repro"], repo, env)
+
+    first = attnzoo_repro(repo, env, "--jobs", "2")  # what `make repro` runs on this 2-core machine
+    assert first.returncode == 1, first.stdout[-4000:] + first.stderr[-4000:]
+    states = summary(repo)
+    assert states["train@pointer_sort"]["state"] == "failed", states["train@pointer_sort"]
+    branch = {f"{kind}@pointer_sort" for kind in ("evaluate", "export", "quantize", "publish")} | {"report@sort"}
+    assert {stage for stage, row in states.items() if row["state"] == "blocked"} == branch
+    others = set(states) - branch - {"train@pointer_sort"}
+    assert {states[stage]["state"] for stage in others} == {"ran"}, {s: states[s] for s in others}
+    assert "failed: train@pointer_sort" in first.stdout and "train_pointer_sort.log" in first.stdout, first.stdout
+    assert "hidden" in (repo / ".dvc" / "tmp" / "repro" / "train_pointer_sort.log").read_text()
+
+    # Fixed, a re-run continues: only the failed branch runs (its tune@ too: its params changed back).
+    (repo / "params.yaml").write_text(good)
+    second = attnzoo_repro(repo, env, "--jobs", "2")
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    ran = {stage for stage, row in summary(repo).items() if row["state"] == "ran"}
+    assert {"train@pointer_sort", "publish@pointer_sort", "report@sort"} <= ran, ran
+    assert ran <= branch | {"tune@pointer_sort", "train@pointer_sort"}, ran
     models = list(params["models"])
     for name in models:
         metrics = json.loads((repo / "runs" / name / "metrics.json").read_text())
@@ -150,6 +188,29 @@ def test_dvc_repro_end_to_end(tmp_path):
     parents = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'"))
     assert len(parents) >= 2 * len(TUNED)  # every tune trial is a child run (2-point grids)
     assert all(params["models"][name]["search_space"] for name in TUNED)
-    # Nothing changed: a second repro runs no stage.
+    # dvc.lock is what `dvc repro` writes: DVC finds nothing changed, its own repro runs no stage,
+    # and neither does the runner.
+    assert_dvc_clean(repo, env)
     out = run(["dvc", "repro"], repo, env)
     assert "Running stage" not in out, out
+    third = attnzoo_repro(repo, env)
+    assert third.returncode == 0 and "up to date" in third.stdout, third.stdout + third.stderr
+
+    # A model trained by the runner scores what a sequential `dvc repro` of it scores, with the
+    # thread count the runner gave each stage (its log's first line: a share of the cores, or all
+    # of them when nothing else could run beside it).
+    parallel = json.loads((repo / "runs" / "rnn_parity" / "metrics.json").read_text())
+    subprocess.run(["rm", "-rf", str(repo / "runs" / "rnn_parity" / "checkpoint")], check=True)
+    for stage in ("train@rnn_parity", "evaluate@rnn_parity"):
+        header = (repo / ".dvc/tmp/repro" / f"{stage.replace('@', '_')}.log").read_text().splitlines()[0]
+        threads = re.fullmatch(rf"# attnzoo repro: {stage}, (\d+) thread\(s\)", header).group(1)
+        seq_env = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        run(["dvc", "repro", "-f", "-s", stage], repo, seq_env)
+    sequential = json.loads((repo / "runs" / "rnn_parity" / "metrics.json").read_text())
+    timing = {k for k in parallel if k.endswith("_seconds")}
+
+    def scores(metrics: dict) -> dict:
+        return {k: v for k, v in metrics.items() if k not in timing}
+
+    assert scores(sequential) == scores(parallel)
+    assert len(parallel) - len(timing) >= 5, parallel  # accuracy, loss, the bar, ... not just the timings

@@ -1,6 +1,6 @@
 """``attnzoo repro``'s scheduler on its own: slots, threads and failures with real local processes.
 
-DVC's part (status, removing outputs, committing) is replaced by no-ops here; tests/test_repro.py
+DVC's part (status, removing outputs, committing) is replaced by no-ops here; tests/test_pipeline_smoke.py
 runs the whole thing against DVC.
 """
 
@@ -15,9 +15,9 @@ from pipeline import repro
 
 @pytest.fixture
 def no_dvc(monkeypatch):
-    monkeypatch.setattr(repro, "_remove_outs", lambda root, name: None)
-    monkeypatch.setattr(repro, "_commit", lambda root, name: None)
-    monkeypatch.setattr(repro, "_still_changed", lambda root, name: True)
+    monkeypatch.setattr(repro._Dvc, "remove_outs", lambda self, name: None)
+    monkeypatch.setattr(repro._Dvc, "commit", lambda self, name: None)
+    monkeypatch.setattr(repro._Dvc, "changed", lambda self, name: True)
 
 
 def _plan(tmp_path, graph: dict[str, set[str]], cmd=None) -> repro.Plan:
@@ -65,9 +65,9 @@ def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_tra
     # A fresh clone: prepare@t re-makes its data identically, so tune@x (a search: every slot) is
     # up to date. While train@y holds one of the two slots, tune@x must be found up to date at
     # once and train@x start beside train@y, not after it.
-    monkeypatch.setattr(repro, "_remove_outs", lambda root, name: None)
-    monkeypatch.setattr(repro, "_commit", lambda root, name: None)
-    monkeypatch.setattr(repro, "_still_changed", lambda root, name: name != "tune@x")
+    monkeypatch.setattr(repro._Dvc, "remove_outs", lambda self, name: None)
+    monkeypatch.setattr(repro._Dvc, "commit", lambda self, name: None)
+    monkeypatch.setattr(repro._Dvc, "changed", lambda self, name: name != "tune@x")
     stamp = "python -c 'import time; print(time.time())' >> {}/{}.{}"
     cmd = {"prepare@t": "sleep 0.5", "train@x": stamp.format(tmp_path, "train_x", "start"),
            "train@y": f"{stamp.format(tmp_path, 'train_y', 'start')}; sleep 4; "
@@ -125,3 +125,27 @@ def test_a_stage_ranked_above_the_tune_takes_the_free_slot_first(tmp_path, no_dv
     started = float((tmp_path / "tune_x.start").read_text())
     assert float((tmp_path / "evaluate_z.start").read_text()) < started < float((tmp_path / "train_y.end").read_text())
     assert (tmp_path / "tune@x.cpus").read_text().split() == ['{"CPU":', "1}"]
+
+
+def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tmp_path):
+    """The runner commits a finished stage while others run (publish@ reads dvc.lock): DVC's own
+    rewrite of the file, under the runner, leaves the old file in place until the new one is whole."""
+    from dvc.utils.serialize import _common
+
+    lock = tmp_path / "dvc.lock"
+    lock.write_text("schema: '2.0'\nstages: {}\n")
+    seen = []
+
+    def dumper(data, fd):
+        fd.write("schema: '2.0'\n")
+        fd.flush()
+        seen.append(lock.read_text())  # what a stage reading the file at this moment finds
+        fd.write("stages: {a: {cmd: x}}\n")
+
+    # DVC's lock file dump: parse the file, update the stages' entries, write it back
+    with repro._atomic_dvc_writes(), _common._modify_data(lock, lambda text, path: text, dumper):
+        pass
+    assert seen == ["schema: '2.0'\nstages: {}\n"]
+    assert lock.read_text() == "schema: '2.0'\nstages: {a: {cmd: x}}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["dvc.lock"]  # no temporary file left
+    assert _common._dump_data.__module__ == _common.__name__  # DVC's own writer again afterwards
