@@ -111,6 +111,50 @@ def lr_lambda(cfg, total_steps: int) -> Callable[[int], float]:
     return f
 
 
+RNNS = (nn.LSTM, nn.GRU, nn.RNN)  # the recurrent layers PyTorch runs as one fused (oneDNN on CPU) kernel
+_BF16_RNN: dict[type, bool] = {}
+
+
+def cpu_runs_bf16(rnn: type) -> bool:
+    """Whether this CPU runs ``rnn`` (one of RNNS) under bf16 autocast. On x86 CPUs without native
+    bf16 (AVX2 only, e.g. AMD Zen 3) PyTorch 2.13 hands a bf16 ``nn.LSTM`` to oneDNN all the same,
+    which fails with "could not create a primitive descriptor for the LSTM forward propagation
+    primitive". Probed once per type and process on a 4-unit layer, whose initialisation draws from
+    a forked RNG: the training's random stream is the same with or without the probe."""
+    if rnn not in _BF16_RNN:
+        try:
+            with torch.random.fork_rng(devices=[]), torch.autocast("cpu", dtype=torch.bfloat16):
+                rnn(4, 4, batch_first=True)(torch.zeros(1, 2, 4))
+            _BF16_RNN[rnn] = True
+        except RuntimeError:
+            _BF16_RNN[rnn] = False
+    return _BF16_RNN[rnn]
+
+
+def _fp32_forward(forward: Callable) -> Callable:
+    def run(input, hx=None):
+        # Autocast off inside, inputs cast up (a PackedSequence has .float() too): the layer runs
+        # exactly as in an fp32 model; what consumes its output is autocast again.
+        with torch.autocast("cpu", enabled=False):
+            if hx is not None:
+                hx = tuple(h.float() for h in hx) if isinstance(hx, tuple) else hx.float()
+            return forward(input.float(), hx)
+    return run
+
+
+def keep_rnns_fp32(model: nn.Module) -> list[str]:
+    """bf16 on a CPU that cannot run a recurrent layer under autocast: those layers of ``model``
+    run in fp32, everything else stays bf16 (instead of the training stopping in oneDNN). Returns
+    their names, empty on a CPU that runs them all (there nothing changes)."""
+    names = []
+    for name, module in model.named_modules():
+        kind = next((t for t in RNNS if isinstance(module, t)), None)
+        if kind is not None and not cpu_runs_bf16(kind):
+            module.forward = _fp32_forward(module.forward)
+            names.append(name)
+    return names
+
+
 def has_accelerator() -> bool:
     """Whether a GPU-class device is visible. Accelerate only forms a CPU process group (gloo)
     under torchrun when told it runs on the CPU, so CPU-only machines must say so."""
@@ -290,6 +334,11 @@ def train(
     eval_every = cfg.eval_every or steps_per_epoch
 
     model = models.build(run.arch, run.model)
+    cpu_bf16 = accelerator.mixed_precision == "bf16" and accelerator.device.type == "cpu"
+    fp32_rnns = keep_rnns_fp32(model) if cpu_bf16 else []
+    if fp32_rnns:
+        accelerator.print(f"{run.name}: this CPU cannot run {', '.join(fp32_rnns)} under bf16 autocast (no native "
+                          "bf16); they run in fp32, the rest of the model in bf16 (train_summary.json: fp32_rnns)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
     # optimizer step (N times too fast on N processes). Stepped here once per global step.
@@ -393,7 +442,7 @@ def train(
         bar.close()
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"],
                    "steps": state["step"], "train_seconds": round(seconds_before + time.time() - started, 1),
-                   "processes": world}
+                   "processes": world, **({"fp32_rnns": fp32_rnns} if fp32_rnns else {})}
         if mlflow:
             mlflow.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             if main:
@@ -420,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         epilog=f"Multi-node: set {LAUNCHER_ENV} to a launch prefix (e.g. 'torchrun --nnodes 2 --nproc_per_node 1 "
                "--node_rank 0 --master_addr HEAD --master_port 29500') and this command, or `dvc repro "
                "train@MODEL`, re-runs itself under it; see docs/cluster.md.")
-    ap.add_argument("model")
+    ap.add_argument("model", help="a params.yaml entry, e.g. ntm (`attnzoo list` shows them)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override config values, e.g. lr=3e-4 epochs=1")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/<model>)")

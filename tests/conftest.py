@@ -159,24 +159,6 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-_BF16_LSTM: list[bool] = []
-
-
-def bf16_lstm_supported() -> bool:
-    """Whether this CPU runs ``nn.LSTM`` under bf16 autocast. On x86 CPUs without native bf16
-    (AVX2 only, e.g. AMD Zen 3) PyTorch 2.13 hands it to oneDNN all the same, which fails with
-    "could not create a primitive descriptor for the LSTM forward propagation primitive"."""
-    if not _BF16_LSTM:
-        lstm = torch.nn.LSTM(4, 4, batch_first=True)
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                lstm(torch.zeros(1, 2, 4))
-            _BF16_LSTM.append(True)
-        except RuntimeError:
-            _BF16_LSTM.append(False)
-    return _BF16_LSTM[0]
-
-
 def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
     """SIGTERM a server the test started, and SIGKILL it if it has not exited ``timeout`` s later."""
     proc.terminate()

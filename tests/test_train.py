@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from pipeline.config import resolve
 from pipeline.prepare import prepare
 from pipeline.train import bucket_batches, train
-from tests.conftest import TINY, bf16_lstm_supported
+from tests.conftest import TINY
 
 
 @pytest.fixture
@@ -159,12 +159,17 @@ def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
         path.write_text(original)
 
 
-def test_evaluate_and_export_take_an_ad_hoc_run_folder(root):
-    """`attnzoo train MODEL --out DIR`, then `evaluate`/`export --run DIR`: every output goes to
-    DIR (results rows under DIR/results/<task>/), none to the pipeline's runs/ or results/."""
+def test_every_stage_takes_an_ad_hoc_run_folder(root):
+    """`attnzoo train MODEL --out DIR`, then `evaluate`/`export`/`quantize`/`publish --run DIR`: every
+    output goes to DIR (results rows under DIR/results/<task>/, versions under DIR/model_repository/),
+    none to the pipeline's runs/, results/, model_repository/ or MLflow registry."""
+    import sqlite3
+
     from pipeline.config import UserError, at_run_dir
     from pipeline.evaluate import evaluate
     from pipeline.export import export
+    from pipeline.publish import publish
+    from pipeline.quantize import quantize, settings
 
     # the parity gate reads real test sequences of lengths 10, 20 and 40
     prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
@@ -177,26 +182,79 @@ def test_evaluate_and_export_take_an_ad_hoc_run_folder(root):
     assert json.loads((adhoc / "results" / "copy" / "ntm.json").read_text())["model"] == "ntm"
     assert export(run)["passed"] and json.loads((adhoc / "parity.json").read_text())["passed"]
     assert (adhoc / "onnx").is_dir() and (adhoc / "results" / "copy" / "ntm.latency.json").exists()
-    assert not (root / "results").exists() and not (root / "runs").exists()
+    gate = quantize(run, settings("ntm", {}))["gate"]
+    meta = publish(run, root=root, repository=adhoc / "model_repository")
+    version = adhoc / "model_repository" / "ntm" / "1"
+    assert meta["version"] == 1 and json.loads((version / "metadata.json").read_text())["run_dir"] == str(adhoc)
+    assert sorted(p.name for p in version.glob("*.onnx")) == sorted(p.name for p in (adhoc / "onnx").glob("*.onnx"))
+    assert meta["int8"]["published"] == gate["passed"]
+    assert (adhoc / "model_repository" / "ntm-int8").is_dir()
+    for pipeline_output in ("results", "runs", "model_repository"):
+        assert not (root / pipeline_output).exists(), pipeline_output
+    db = sqlite3.connect(root / "mlflow.db")
+    assert db.execute("select count(*) from registered_models").fetchone() == (0,)
     with pytest.raises(UserError, match="holds no trained model"):
         at_run_dir(resolve("ntm", root=root), root / "empty")
 
 
-@pytest.mark.xfail(not bf16_lstm_supported(), strict=True, raises=RuntimeError,
-                   reason="known bug on CPUs without native bf16: the Luong entries' default precision bf16 "
-                          "fails in oneDNN's LSTM; set train.precision fp32 there (docs/results.md)")
 def test_bf16_autocast_trains_an_lstm_model_on_this_cpu():
     """The translation entries train with precision bf16 (params.yaml); Luong's encoder is an
-    ``nn.LSTM``. Its loss and gradients under CPU bf16 autocast, as ``pipeline/train.py`` computes them."""
+    ``nn.LSTM``, which oneDNN cannot run under bf16 autocast on CPUs without native bf16. The loop
+    keeps such layers in fp32 there: loss and gradients as ``pipeline/train.py`` computes them are
+    finite on any CPU, and on a CPU with bf16 nothing is kept back."""
     import models
+    from pipeline.train import cpu_runs_bf16, keep_rnns_fp32
     from tests.conftest import tiny_batch
 
     torch.manual_seed(0)
     model = models.build("luong", TINY["luong"])
+    lstms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.LSTM)]  # the encoder's
+    kept = keep_rnns_fp32(model)
+    assert lstms and kept == ([] if cpu_runs_bf16(torch.nn.LSTM) else lstms), (kept, lstms)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = model.loss(tiny_batch("luong"))
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_recurrent_layer_kept_in_fp32_computes_exactly_what_it_computes_without_autocast(monkeypatch):
+    """The fallback on a CPU without bf16 (forced here): the LSTM's output under autocast is its
+    fp32 output bit for bit, plain and packed, while the layers around it still run in bf16; the
+    probe leaves the global RNG where it was."""
+    import copy
+
+    from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    import pipeline.train as train_module
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.lstm, self.gru = nn.Linear(3, 4), nn.LSTM(4, 5, batch_first=True), nn.GRU(4, 5)
+
+        def forward(self, x):
+            h = self.proj(x)  # [B, T, 4], bf16 under autocast
+            return h, self.lstm(h)[0], self.lstm(pack_padded_sequence(h, [3, 2], batch_first=True))[0].data
+
+    monkeypatch.setattr(train_module, "_BF16_RNN", {nn.LSTM: False, nn.GRU: True, nn.RNN: True})
+    torch.manual_seed(0)
+    net = Net()
+    plain = copy.deepcopy(net)
+    assert train_module.keep_rnns_fp32(net) == ["lstm"]
+    x = torch.randn(2, 3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h, out, packed = net(x)
+    assert h.dtype == torch.bfloat16 and out.dtype == packed.dtype == torch.float32
+    assert torch.equal(out, plain.lstm(h.float())[0])
+    assert torch.equal(packed, plain.lstm(pack_padded_sequence(h.float(), [3, 2], batch_first=True))[0].data)
+
+    monkeypatch.setattr(train_module, "_BF16_RNN", {})
+    torch.manual_seed(1)
+    train_module.cpu_runs_bf16(nn.LSTM)
+    after_probe = torch.rand(4)
+    torch.manual_seed(1)
+    assert torch.equal(after_probe, torch.rand(4))
 
 
 def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
