@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Prepare one task's data.")
-    ap.add_argument("task")
+    ap.add_argument("task", help="a params.yaml task, e.g. copy")
     args = ap.parse_args(argv)
 
     def body():

@@ -29,7 +29,7 @@ import yaml
 
 import models
 from pipeline import tracking
-from pipeline.config import ROOT, RunConfig, UserError, read_manifest, resolve
+from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
 from pipeline.graphs import loop_kind
 from serving.admission import Limits
 from serving.repository import VERSION_RE
@@ -317,7 +317,13 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
     return mv.version
 
 
-def publish(run: RunConfig, root: Path = ROOT) -> dict:
+def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -> dict:
+    """Publish ``run``'s exported graphs (and its int8 variant) as versions of the model repository
+    ``root/model_repository``, registered in MLflow. ``repository``: another model repository, for
+    an ad-hoc run (``train --out DIR``): its versions are written there and registered nowhere, so
+    the registry and its production alias keep to the pipeline's models."""
+    adhoc = repository is not None
+    repository = Path(repository) if adhoc else root / "model_repository"
     # Before a version is written: a re-run finds it unchanged and would never register it in MLflow.
     tracking.ensure_reachable(root)
     onnx_dir = run.run_dir / "onnx"
@@ -336,14 +342,16 @@ def publish(run: RunConfig, root: Path = ROOT) -> dict:
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
     serving = {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)}
     lineage = {"arch": run.arch, "task": run.task, "config": config["model"], "parity_passed": parity["passed"],
-               "git_commit": tracking.git_commit(root), "dvc": dvc_hashes(root, run.name)}
+               "git_commit": tracking.git_commit(root),
+               **({"run_dir": str(run.run_dir.resolve())} if adhoc else {"dvc": dvc_hashes(root, run.name)})}
     artifacts = [run.data_dir / a for a in manifest.get("artifacts", [])]
     meta, created = write_version(
-        root / "model_repository" / run.name, run.name, onnx_dir, serving,
+        repository / run.name, run.name, onnx_dir, serving,
         {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], "production": promote}, artifacts)
-    if created:
+    if created and not adhoc:
         _register(run, root, meta, promote)
-    meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote)
+    meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote,
+                                repository, register=not adhoc)
     return meta
 
 
@@ -370,7 +378,7 @@ INT8_SUFFIX = "-int8"
 
 
 def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artifacts: list[Path],
-                 fp32_version: int, promote: bool) -> dict:
+                 fp32_version: int, promote: bool, repository: Path | None = None, register: bool = True) -> dict:
     """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` when their quality gate passed
     (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics, the gate, the bar
     checked on the int8 metrics, and the fp32 version it was made beside. Production only when the
@@ -378,13 +386,14 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
     from pipeline.evaluate import check_bar
 
     name = run.name + INT8_SUFFIX
-    repo = root / "model_repository" / name
+    repo = (repository or root / "model_repository") / name
     repo.mkdir(parents=True, exist_ok=True)  # the stage's output also when nothing is published
     report_path = run.run_dir / "int8_metrics.json"
     report = json.loads(report_path.read_text())
     if not report["gate"]["passed"]:
         why = report["gate"].get("note") or "int8 is worse than fp32 by more than the gate allows"
-        return {"model": name, "published": False, "reason": f"{why} ({report_path.relative_to(root)})"}
+        shown = report_path.relative_to(root) if report_path.is_relative_to(root) else report_path
+        return {"model": name, "published": False, "reason": f"{why} ({shown})"}
     bar = check_bar(report["metrics"], run.bar or [])
     meta, created = write_version(
         repo, name, run.run_dir / "int8", serving,
@@ -392,7 +401,7 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
          "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"],
          "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
         artifacts)
-    if created:
+    if created and register:
         _register(run, root, meta, meta["production"])
     return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}
 
@@ -401,15 +410,21 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Publish an exported model to model_repository/ and MLflow.")
-    ap.add_argument("model")
+    ap.add_argument("model", help="a params.yaml entry")
+    ap.add_argument("--run", type=Path, default=None, metavar="DIR",
+                    help="the run folder (default runs/<model>), e.g. one `attnzoo train MODEL --out DIR` wrote "
+                         "and evaluate, export and quantize --run DIR filled; its versions then go to "
+                         "DIR/model_repository/ (attnzoo serve --repository DIR/model_repository), not to MLflow")
     args = ap.parse_args(argv)
 
     def body():
-        meta = publish(resolve(args.model))
-        print(f"{args.model}: version {meta['version']} in model_repository/{args.model} "
+        repository = args.run / "model_repository" if args.run else None
+        meta = publish(at_run_dir(resolve(args.model), args.run), repository=repository)
+        where = repository or Path("model_repository")
+        print(f"{args.model}: version {meta['version']} in {where / args.model} "
               f"({'production' if meta['production'] else 'not promoted: bar or parity not met'})")
         int8 = meta["int8"]
-        print(f"{int8['model']}: version {int8['version']} in model_repository/{int8['model']} "
+        print(f"{int8['model']}: version {int8['version']} in {where / int8['model']} "
               f"({'production' if int8['production'] else 'not promoted: bar or parity not met'})"
               if int8["published"] else f"{int8['model']}: not published: {int8['reason']}")
 

@@ -156,7 +156,8 @@ def pick_best(name: str, results) -> tuple[dict, float]:
     for err in errors:
         if package := missing_module(err):
             raise UserError(f"tune@{name}: a Ray worker cannot import '{package}'; install attnzoo's "
-                            "dependencies (pip install -e .) on every Ray node")
+                            "training extra on every Ray node (pip install -e \".[train,cpu]\", or "
+                            "\".[train,gpu]\" on GPU nodes)")
     if not finished:
         why = f"the first error: {describe_error(errors[0])}" if errors else "no finite val_loss was reported"
         raise UserError(f"tune@{name}: no trial finished ({len(errors)} of {len(results)} failed); {why}")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.cli import run_cli
 
     ap = argparse.ArgumentParser(description="Hyper-parameter search for one model entry.")
-    ap.add_argument("model")
+    ap.add_argument("model", help="a params.yaml entry (its search_space and tune budget)")
     args = ap.parse_args(argv)
     run_cli(lambda: print(yaml.safe_dump(tune_model(args.model)) or "{}"))
 

@@ -246,8 +246,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Ask a running attnzoo server for a prediction (or, with --local, "
                                              "run the published model in this process).")
     ap.add_argument("model", help="a published model name, e.g. bahdanau")
-    ap.add_argument("input", help="text for a text model; an image, .wav or .npy file for an image or speech "
-                                  "model; otherwise JSON ({input name: nested list}) or a .json file holding it")
+    ap.add_argument("input", nargs="+", metavar="INPUT",
+                    help="text for a text model; an image, .wav or .npy file for an image or speech model; otherwise "
+                         "JSON ({input name: nested list}) or a .json file holding it. Several: one answer each, "
+                         "in order, after the input and a tab")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
     ap.add_argument("--local", action="store_true",
                     help="no server: load the model from --repository and answer in this process")
@@ -259,71 +261,81 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", action="store_true", help="also print the attention weights")
     args = ap.parse_args(argv)
     client = LocalClient(args.repository) if args.local else Client(args.url)
+    several = len(args.input) > 1
     try:
         meta = client.model_metadata(args.model, args.version)
         if [i["datatype"] for i in meta["inputs"]] == ["BYTES"] and meta["inputs"][0]["name"] == "text":
-            (res,) = client.translate(args.model, [args.input], args.decode, args.version)
-            print(res["translation"])
-            if args.attention:
-                print_alignment(res)
-            return
-        names = [i["name"] for i in meta["inputs"]]
-        if names == ["image", "width"] and not args.input.lstrip().startswith("{"):  # attention OCR
-            image = read_text_line(args.input, meta["inputs"][0]["shape"][1])
-            outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
-            print(str(outs["text"][0]))
-            if args.attention:  # each letter's most attended feature column
-                for letter, amap in zip(outs["letters"][0], outs["attention"][0]):
-                    if letter:
-                        col = int(amap.max(0).argmax())
-                        print(f"{letter:>4}  peak at column {col} of {amap.shape[1]} (x ≈ {col * 4 + 2} px)")
-            return
-        if names == ["audio", "samples"] and not args.input.lstrip().startswith("{"):  # speech
-            audio = read_wav(args.input)
-            outs = client.infer(args.model, {"audio": audio[None]}, args.version, parameters={"decode": args.decode})
-            print(str(outs["text"][0]))
-            if args.attention:  # where in the audio each character was read
-                for t, row in enumerate(outs["alignment"][0]):
-                    if row.any():
-                        print(f"step {t + 1}: peak at encoder step {int(row.argmax())} of {row.shape[0]}")
-            return
-        if names == ["image"] and not args.input.lstrip().startswith("{"):
-            image = read_image(args.input, tuple(meta["inputs"][0]["shape"][1:]))
-            if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
-                outs = client.infer(args.model, {"image": image[None]}, args.version)
-                print(int(outs["pred"][0]))
+            # one request for all the sentences: the server batches them
+            for text, res in zip(args.input, client.translate(args.model, args.input, args.decode, args.version)):
+                print(f"{text}\t{res['translation']}" if several else res["translation"])
                 if args.attention:
-                    for t, (x, y) in enumerate(outs["locations"][0]):
-                        print(f"glimpse {t + 1}: centre x {x:+.2f}, y {y:+.2f} (-1..1 over the image)")
-                return
-            outs = client.infer(args.model, {"image": image[None]}, args.version,
-                                parameters={"decode": args.decode})
-            print(str(outs["caption"][0]))
-            if args.attention:  # each word's most attended cell of the feature grid
-                for word, amap in zip(outs["words"][0], outs["attention"][0]):
-                    if word:
-                        r, c = divmod(int(amap.argmax()), amap.shape[1])
-                        print(f"{word:>8}  peak at row {r}, column {c} of {amap.shape[0]}x{amap.shape[1]}")
+                    print_alignment(res)
             return
-        try:
-            text = Path(args.input).read_text() if args.input.endswith(".json") else args.input
-            inputs = json.loads(text)
-        except (OSError, ValueError) as err:
-            raise SystemExit(f"error: INPUT must be JSON like '{{\"x\": [[...]]}}' or a .json file ({err})") from None
-        if not isinstance(inputs, dict):
-            raise SystemExit("error: INPUT must be a JSON object mapping input names to nested lists")
-        declared = {i["name"]: i["datatype"] for i in meta["inputs"]}
-        try:  # JSON has no tensor types: give each input the type the model declares
-            inputs = {k: np.asarray(v, dtype=DATATYPES[declared[k]]) if k in declared else v
-                      for k, v in inputs.items()}
-        except (TypeError, ValueError) as err:
-            raise SystemExit(f"error: INPUT does not fit the model's inputs {declared}: {err}") from None
-        outs = client.infer(args.model, inputs, args.version)
-        shown = outs if args.attention else {k: v for k, v in outs.items() if "weights" not in k}
-        print(json.dumps({k: v.tolist() for k, v in shown.items()}))
+        for item in args.input:
+            answer = predict_one(client, meta, args, item)
+            print(f"{item}\t{answer[0]}" if several else answer[0])
+            for line in answer[1:]:
+                print(line)
     except ServerError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def predict_one(client, meta: dict, args, item: str) -> list[str]:
+    """The answer to one INPUT of a non-text model: its line, then the --attention lines."""
+    names = [i["name"] for i in meta["inputs"]]
+    lines: list[str] = []
+    if names == ["image", "width"] and not item.lstrip().startswith("{"):  # attention OCR
+        image = read_text_line(item, meta["inputs"][0]["shape"][1])
+        outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
+        lines.append(str(outs["text"][0]))
+        if args.attention:  # each letter's most attended feature column
+            for letter, amap in zip(outs["letters"][0], outs["attention"][0]):
+                if letter:
+                    col = int(amap.max(0).argmax())
+                    lines.append(f"{letter:>4}  peak at column {col} of {amap.shape[1]} (x ≈ {col * 4 + 2} px)")
+        return lines
+    if names == ["audio", "samples"] and not item.lstrip().startswith("{"):  # speech
+        audio = read_wav(item)
+        outs = client.infer(args.model, {"audio": audio[None]}, args.version, parameters={"decode": args.decode})
+        lines.append(str(outs["text"][0]))
+        if args.attention:  # where in the audio each character was read
+            for t, row in enumerate(outs["alignment"][0]):
+                if row.any():
+                    lines.append(f"step {t + 1}: peak at encoder step {int(row.argmax())} of {row.shape[0]}")
+        return lines
+    if names == ["image"] and not item.lstrip().startswith("{"):
+        image = read_image(item, tuple(meta["inputs"][0]["shape"][1:]))
+        if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
+            outs = client.infer(args.model, {"image": image[None]}, args.version)
+            lines.append(str(int(outs["pred"][0])))
+            if args.attention:
+                for t, (x, y) in enumerate(outs["locations"][0]):
+                    lines.append(f"glimpse {t + 1}: centre x {x:+.2f}, y {y:+.2f} (-1..1 over the image)")
+            return lines
+        outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
+        lines.append(str(outs["caption"][0]))
+        if args.attention:  # each word's most attended cell of the feature grid
+            for word, amap in zip(outs["words"][0], outs["attention"][0]):
+                if word:
+                    r, c = divmod(int(amap.argmax()), amap.shape[1])
+                    lines.append(f"{word:>8}  peak at row {r}, column {c} of {amap.shape[0]}x{amap.shape[1]}")
+        return lines
+    try:
+        text = Path(item).read_text() if item.endswith(".json") else item
+        inputs = json.loads(text)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: INPUT must be JSON like '{{\"x\": [[...]]}}' or a .json file ({err})") from None
+    if not isinstance(inputs, dict):
+        raise SystemExit("error: INPUT must be a JSON object mapping input names to nested lists")
+    declared = {i["name"]: i["datatype"] for i in meta["inputs"]}
+    try:  # JSON has no tensor types: give each input the type the model declares
+        inputs = {k: np.asarray(v, dtype=DATATYPES[declared[k]]) if k in declared else v for k, v in inputs.items()}
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"error: INPUT does not fit the model's inputs {declared}: {err}") from None
+    outs = client.infer(args.model, inputs, args.version)
+    shown = outs if args.attention else {k: v for k, v in outs.items() if "weights" not in k}
+    return [json.dumps({k: v.tolist() for k, v in shown.items()})]
 
 
 def read_image(path: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -71,6 +71,28 @@ class ServeConfig:
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
 
 
+# `attnzoo serve --help`, one line per ServeConfig field (the defaults are appended from the dataclass).
+HELP = {
+    "repository": "the model repository to serve (what publish writes; Triton's layout)",
+    "host": "the address to bind; 0.0.0.0 to serve beyond this machine",
+    "port": "the HTTP port",
+    "workers": "server processes (uvicorn workers), each with its own ONNX Runtime sessions",
+    "provider": "ONNX Runtime execution provider: auto takes CUDA when onnxruntime-gpu sees a GPU",
+    "ort_threads": "intra-op threads of a one-graph model's session (0: ONNX Runtime's default)",
+    "loop_ort_threads": "intra-op threads of a looping model's graphs (many small calls; 1 measured best on 2 cores)",
+    "infer_threads": "ONNX Runtime calls in flight at once per worker",
+    "max_batch": "rows of one dynamically batched call",
+    "batch_delay_ms": "the longest a request waits for others to batch with (0: only what queued meanwhile)",
+    "running": "requests worked on at once per worker (decode loops alive)",
+    "max_queue": "requests waiting for a turn before the server answers 503 with Retry-After",
+    "step_batching": "concurrent decode loops share each step's graph call",
+    "step_delay_ms": "the longest a decode step waits for the other loops' steps",
+    "max_step_rows": "rows of one shared step call",
+    "max_body_mb": "the largest request body accepted, in MB (larger: 413)",
+    "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
+}
+
+
 # ---- OpenAPI schema of the protocol (requests are parsed by serving.protocol) --------------------
 class TensorInput(BaseModel):
     name: str
@@ -426,9 +448,10 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in asdict(defaults).items():
         flag = f"--{key.replace('_', '-')}"
         if isinstance(value, bool):  # --step-batching / --no-step-batching (type=bool would take "False" as true)
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
+                            help=f"{HELP[key]} (default: on)" if value else f"{HELP[key]} (default: off)")
             continue
-        ap.add_argument(flag, type=type(value), default=value,
+        ap.add_argument(flag, type=type(value), default=value, help=f"{HELP[key]} (default %(default)s)",
                         choices=("auto", "cpu", "cuda") if key == "provider" else None)
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

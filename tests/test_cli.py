@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -10,12 +11,15 @@ import torch
 
 import models
 from pipeline.checkpoint import load_model, save
+from pipeline.cli import DESCRIPTIONS
 from pipeline.config import RunConfig, TrainConfig, UserError
 from tests.conftest import ROOT, TINY
 
 
-def cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True)
+def cli(*args, cwd=ROOT, timeout=300):
+    """``attnzoo ARGS...`` as a user runs it, in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_unknown_model_entry_is_one_line():
@@ -80,6 +84,32 @@ def test_unknown_command_suggests_the_nearest_and_sub_help_names_the_command():
     assert proc.stderr.strip() == "error: unknown command 'trian'; did you mean 'train'? (`attnzoo --help` lists them)"
     proc = cli("train", "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: attnzoo train ")
+
+
+def _parser_of(command: str, monkeypatch) -> argparse.ArgumentParser:
+    """The parser ``attnzoo COMMAND`` builds, caught at its ``parse_args`` (nothing runs)."""
+    from pipeline.cli import _dispatch
+
+    class Caught(Exception):
+        pass
+
+    def catch(parser, *args, **kwargs):
+        raise Caught(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    monkeypatch.setattr(sys, "argv", ["attnzoo"])
+    with pytest.raises(Caught) as caught:
+        _dispatch(command, ["x"])
+    return caught.value.args[0]
+
+
+@pytest.mark.parametrize("command", sorted(DESCRIPTIONS))
+def test_every_argument_of_every_command_has_help(command, monkeypatch):
+    parser = _parser_of(command, monkeypatch)
+    assert parser.prog == f"attnzoo {command}"
+    bare = [a.option_strings[-1] if a.option_strings else a.dest for a in parser._actions if not a.help]
+    assert not bare, f"attnzoo {command} --help: no help for {bare}"
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -3,21 +3,13 @@ process, from the model repository, exactly what the server answers over HTTP.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from serving.client import LocalClient, ServerError
-from tests.conftest import ROOT
+from tests.test_cli import cli
 from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _requests, _same
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
 
 
 def test_local_answers_equal_the_servers_for_every_kind(server):  # noqa: F811
@@ -58,6 +50,23 @@ def test_predict_and_translate_commands_run_locally_as_on_the_server(server, tmp
     assert len(outs["--local"]) == len(TEXTS) + 1 and outs["--local"][1] == ""  # line for line, blanks kept
     want = [r["translation"] for r in server.client.translate("bahdanau", list(TEXTS))]
     assert [outs["--local"][0], *outs["--local"][2:]] == want
+
+
+def test_predict_answers_several_inputs_in_order_each_after_its_input(server, tmp_path):  # noqa: F811
+    repo = str(server.published.repo)
+    proc = cli("predict", "bahdanau", *TEXTS[:2], "--local", "--repository", repo, "--decode", "greedy")
+    assert proc.returncode == 0, proc.stderr
+    want = [r["translation"] for r in server.client.translate("bahdanau", list(TEXTS[:2]), "greedy")]
+    assert proc.stdout.splitlines() == [f"{text}\t{answer}" for text, answer in zip(TEXTS[:2], want)]
+    shape = tuple(server.client.model_metadata("ram")["inputs"][0]["shape"][1:])
+    images = []
+    for seed in (0, 1):
+        images.append(tmp_path / f"digit{seed}.npy")
+        np.save(images[-1], np.random.default_rng(seed).random(shape, dtype=np.float32))
+    proc = cli("predict", "ram", *map(str, images), "--url", server.url)
+    assert proc.returncode == 0, proc.stderr
+    preds = [int(server.client.infer("ram", {"image": np.load(path)[None]})["pred"][0]) for path in images]
+    assert proc.stdout.splitlines() == [f"{path}\t{pred}" for path, pred in zip(images, preds)]
 
 
 def test_local_errors_are_one_sentence_and_write_nothing(tmp_path):

@@ -156,7 +156,7 @@ def test_pick_best_names_a_missing_package():
 
     for error in (RayTaskError(ModuleNotFoundError("No module named 'sacrebleu'", name="sacrebleu")),
                   RuntimeError("actor died: ModuleNotFoundError: No module named 'torch.nn'")):
-        with pytest.raises(UserError, match=r"cannot import '(sacrebleu|torch)'; install attnzoo's dependencies"):
+        with pytest.raises(UserError, match=r"cannot import '(sacrebleu|torch)'; install attnzoo's training extra"):
             pick_best("m", [_result({"lr": 1}, 0.5), _result({"lr": 2}, error=error)])
 
 

@@ -24,6 +24,7 @@ import yaml
 import models
 from tests.conftest import ROOT, TINY, stop_process
 from tests.serving_repo import _publish
+from tests.test_cli import cli
 
 # The README's ntm example: 8 bits and the delimiter channel, as the copy task's data has them.
 SHAPES = {"ntm": {"input_size": 9, "output_size": 8}}
@@ -94,8 +95,8 @@ def _free_port() -> int:
 
 
 def _run(argv: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *argv[1:]], cwd=cwd, capture_output=True,
-                          text=True, timeout=180)
+    """A README line, ``attnzoo ...``, as the user runs it."""
+    return cli(*argv[1:], cwd=cwd, timeout=180)
 
 
 def test_readme_serving_block_runs_as_written_through_the_server_and_locally(readme_repo):
