@@ -41,15 +41,18 @@ START, END = "<!-- bench_inference: start -->", "<!-- bench_inference: end -->"
 
 
 def machine() -> str:
-    name = platform.processor() or platform.machine()
+    """The CPU's model name, cores and widest vector unit: two "AMD EPYC" VMs differ by the last."""
+    name, isa = platform.processor() or platform.machine(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 name = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not isa:
+                flags = set(line.split(":", 1)[1].split())
+                isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
     except OSError:
         pass
-    return f"{name}, {os.cpu_count()} cores"
+    return f"{name}, {os.cpu_count()} cores" + (f", {isa}" if isa else "")
 
 
 def latest_graphs(name: str, root: Path) -> Path | None:
@@ -220,13 +223,36 @@ def best(row: dict, size: int, engine: str) -> tuple[float, int]:
     return min((at["loop_ms"][size][engine], t) for t, at in row["by_threads"].items())
 
 
+def from_json(row: dict) -> dict:
+    """A row as ``bench_model`` returns it from its JSON copy, whose keys are strings: thread counts
+    and batch sizes are ints again (the bars are looked up by batch size)."""
+    sizes = ("loop_ms", "int8_same")
+    return {**row, "by_threads": {int(t): {**at, **{k: {int(b): v for b, v in at[k].items()} for k in sizes},
+                                           "graphs": {g: {int(b): v for b, v in by.items()}
+                                                      for g, by in at["graphs"].items()}}
+                                  for t, at in row["by_threads"].items()}}
+
+
 def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     spelled = " ".join(map(str, threads))
+    # Rows re-measured later (--write-docs with model names) may come from another machine: each row's
+    # ratios are from one run on one machine, and a mark names where the later ones ran.
+    runs = list(dict.fromkeys((r.get("machine", ""), r.get("date", "")) for r in rows))
+    first, later = runs[0], runs[1:]
+    marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
     lines = [START, "",
-             f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {machine()}; "
-             f"median of {repeats} repeats, ms. Speed-up = eager / ORT (> 1: ONNX Runtime faster). int8: dynamic "
-             "quantisation with the quantize@ stage's recipe, remade by the script; *same* = rows whose tokens / "
-             "argmax equal fp32's.", ""]
+             f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {first[0]}"
+             + (f" ({first[1]})" if first[1] else "") + f"; median of {repeats} repeats, ms. Speed-up = eager / ORT "
+             "(> 1: ONNX Runtime faster). int8: dynamic quantisation with the quantize@ stage's recipe, remade by the "
+             "script; *same* = rows whose tokens / argmax equal fp32's.", ""]
+    for (where, when), mark in marks.items():
+        names = " ".join(r["model"] for r in rows if (r.get("machine", ""), r.get("date", "")) == (where, when))
+        lines += [f"{mark} Re-measured on {where} ({when}), after retraining: `python scripts/bench_inference.py "
+                  f"{names} --threads {spelled} --repeats {repeats} --write-docs`.", ""]
+
+    def named(r: dict) -> str:
+        return r["model"] + marks.get((r.get("machine", ""), r.get("date", "")), "")
+
     if len(threads) > 1:
         lines += ["Each engine at its fastest thread count on this machine (the count in brackets): how a user "
                   "would run either. Bar: ≥ 1.5× for a looping model and ≥ 1.3× for a single graph at batch 1, "
@@ -237,7 +263,7 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
             for size in next(iter(r["by_threads"].values()))["loop_ms"]:
                 (e, te), (f, tf), (q, tq) = (best(r, size, k) for k in ("eager", "fp32", "int8"))
                 verdict = "met" if e / f >= bar(r["loop"], size) else "**not met**"
-                lines.append(f"| {r['model']} | {r['loop']} | {size} | {e:.2f} ({te}) | {f:.2f} ({tf}) | "
+                lines.append(f"| {named(r)} | {r['loop']} | {size} | {e:.2f} ({te}) | {f:.2f} ({tf}) | "
                              f"{e / f:.2f} | ≥ {bar(r['loop'], size)} {verdict} | {q:.2f} ({tq}) | {e / q:.2f} |")
         lines.append("")
     for t in threads:
@@ -247,7 +273,7 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
         for r in rows:
             at = r["by_threads"][t]
             for size, ms in at["loop_ms"].items():
-                lines.append(f"| {r['model']} | {r['loop']} | {size} | {ms['eager']:.2f} | {ms['fp32']:.2f} | "
+                lines.append(f"| {named(r)} | {r['loop']} | {size} | {ms['eager']:.2f} | {ms['fp32']:.2f} | "
                              f"{ms['eager'] / ms['fp32']:.2f} | {ms['int8']:.2f} | {ms['eager'] / ms['int8']:.2f} | "
                              f"{at['int8_same'][size]:.0%} |")
         lines += ["", f"Per graph, {t} thread(s) (all calls the loop makes, summed; batch 1 / batch 32):", "",
@@ -262,7 +288,7 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
                         cells.append(" / ".join(f"{by_size[s]['eager'] / by_size[s]['fp32']:.2f}" for s in by_size))
                 cells.append(" / ".join(f"{by_size[s]['int8']:.2f}" for s in by_size))
                 cells.append(" / ".join(f"{by_size[s]['eager'] / by_size[s]['int8']:.2f}" for s in by_size))
-                lines.append(f"| {r['model']} | {g} | " + " | ".join(cells) + " |")
+                lines.append(f"| {named(r)} | {g} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)
@@ -276,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
                          "cores; with several, a first table compares each engine at its fastest)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout (default: this one)")
-    ap.add_argument("--write-docs", action="store_true", help=f"replace the generated table in {DOCS.name}")
+    ap.add_argument("--write-docs", action="store_true",
+                    help=f"replace the generated table in {DOCS.name}; with model names, only their rows (the "
+                         f"others are kept from {JSON_OUT.name}, marked with where they ran)")
     args = ap.parse_args(argv)
 
     import yaml
@@ -291,17 +319,26 @@ def main(argv: list[str] | None = None) -> None:
             missing.append(name)
             continue
         print(f"{name} ...", file=sys.stderr, flush=True)
-        rows.append(bench_model(name, args.root, args.threads, args.repeats))
+        rows.append({**bench_model(name, args.root, args.threads, args.repeats), "machine": machine(),
+                     "date": time.strftime("%Y-%m-%d")})
     if missing:
         print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
               file=sys.stderr)
     if not rows:
         raise SystemExit("error: no model to benchmark: train and export one first")
+    if args.write_docs and args.models and JSON_OUT.exists():
+        kept = json.loads(JSON_OUT.read_text())
+        if kept["threads"] != args.threads or kept["repeats"] != args.repeats:
+            raise SystemExit(f"error: {JSON_OUT.name} was run with --threads {' '.join(map(str, kept['threads']))} "
+                             f"--repeats {kept['repeats']}; re-measure its rows with the same, or every model")
+        fresh = {r["model"]: r for r in rows}
+        old = {r["model"]: {"machine": kept["machine"], **from_json(r)} for r in kept["rows"]}
+        rows = [fresh.get(name) or old[name] for name in entries if name in fresh or name in old]
     table = markdown(rows, args.threads, args.repeats)
     print(table)
     if args.write_docs:
-        JSON_OUT.write_text(json.dumps({"machine": machine(), "threads": args.threads, "repeats": args.repeats,
-                                        "rows": rows}, indent=1))
+        JSON_OUT.write_text(json.dumps({"machine": rows[0].get("machine", machine()), "threads": args.threads,
+                                        "repeats": args.repeats, "rows": rows}, indent=1))
         text = DOCS.read_text()
         if START in text:
             text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: table, text, flags=re.S)
