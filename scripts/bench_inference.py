@@ -237,7 +237,10 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     spelled = " ".join(map(str, threads))
     # Rows re-measured later (--write-docs with model names) may come from another machine: each row's
     # ratios are from one run on one machine, and a mark names where the later ones ran.
-    runs = list(dict.fromkeys((r.get("machine", ""), r.get("date", "")) for r in rows))
+    def run_of(r: dict) -> tuple[str, str]:  # (machine, date); rows of the first full run carry neither
+        return r.get("machine", ""), r.get("date", "")
+
+    runs = list(dict.fromkeys(map(run_of, rows)))
     first, later = runs[0], runs[1:]
     marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
     lines = [START, "",
@@ -246,12 +249,12 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
              "(> 1: ONNX Runtime faster). int8: dynamic quantisation with the quantize@ stage's recipe, remade by the "
              "script; *same* = rows whose tokens / argmax equal fp32's.", ""]
     for (where, when), mark in marks.items():
-        names = " ".join(r["model"] for r in rows if (r.get("machine", ""), r.get("date", "")) == (where, when))
+        names = " ".join(r["model"] for r in rows if run_of(r) == (where, when))
         lines += [f"{mark} Re-measured on {where} ({when}), after retraining: `python scripts/bench_inference.py "
                   f"{names} --threads {spelled} --repeats {repeats} --write-docs`.", ""]
 
     def named(r: dict) -> str:
-        return r["model"] + marks.get((r.get("machine", ""), r.get("date", "")), "")
+        return r["model"] + marks.get(run_of(r), "")
 
     if len(threads) > 1:
         lines += ["Each engine at its fastest thread count on this machine (the count in brackets): how a user "
