@@ -143,9 +143,52 @@ def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tm
         fd.write("stages: {a: {cmd: x}}\n")
 
     # DVC's lock file dump: parse the file, update the stages' entries, write it back
-    with repro._atomic_dvc_writes(), _common._modify_data(lock, lambda text, path: text, dumper):
+    with repro._LockWrites()(), _common._modify_data(lock, lambda text, path: text, dumper):
         pass
     assert seen == ["schema: '2.0'\nstages: {}\n"]
     assert lock.read_text() == "schema: '2.0'\nstages: {a: {cmd: x}}\n"
     assert [p.name for p in tmp_path.iterdir()] == ["dvc.lock"]  # no temporary file left
     assert _common._dump_data.__module__ == _common.__name__  # DVC's own writer again afterwards
+
+
+def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_parsing_it_again(tmp_path, monkeypatch):
+    """Three stages committed one after another by the runner (the lock file parsed once, then its
+    dumped structure reused) and by ``dvc commit``: the same dvc.lock, byte for byte."""
+    import subprocess
+
+    from dvc.utils.serialize import _yaml
+
+    stages = "".join(f"  s{i}:\n    cmd: echo {i} > out{i}.txt\n    deps: [in.txt]\n    outs: [out{i}.txt]\n"
+                     for i in range(3))
+    lock_texts = []
+    for how in ("runner", "dvc"):
+        root = tmp_path / how
+        root.mkdir()
+        subprocess.run("git init -q && dvc init -q && echo x > in.txt", shell=True, cwd=root, check=True)
+        (root / "dvc.yaml").write_text("stages:\n" + stages)
+        subprocess.run("dvc repro -q s0", shell=True, cwd=root, check=True)  # a lock file to start from
+        for i in (1, 2):
+            (root / f"out{i}.txt").write_text(f"{i}\n")
+        if how == "dvc":
+            for i in (1, 2):
+                subprocess.run(f"dvc commit -q -f s{i}", shell=True, cwd=root, check=True)
+        else:
+            parses = []
+
+            def counted(text, path, original=_yaml.parse_yaml_for_update, parses=parses):
+                parses.append(path)
+                return original(text, path)
+
+            monkeypatch.setattr(_yaml, "parse_yaml_for_update", counted)
+            monkeypatch.chdir(root)  # stage names are relative to the working folder, as under the runner
+            dvc = repro._Dvc(root)
+            try:
+                for i in (1, 2):
+                    dvc.commit(f"s{i}")
+            finally:
+                dvc.close()
+            monkeypatch.undo()
+            assert len(parses) == 1  # the second commit reused what the first one dumped
+        lock_texts.append((root / "dvc.lock").read_text())
+    assert "s2:" in lock_texts[0]
+    assert lock_texts[0] == lock_texts[1]
