@@ -35,8 +35,14 @@ def _tokenizer(path: Path, lines: list[str]) -> None:
 
 def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, artifacts: list[Path],
              promoted: bool = True) -> dict:
+    """One version, exported here (``_Publisher`` for many)."""
     onnx_dir = tmp / f"{name}-{len(list(tmp.iterdir()))}"
     export_onnx(model, onnx_dir)
+    return _write(repo, name, arch, task, model, artifacts, promoted, onnx_dir)
+
+
+def _write(repo: Path, name: str, arch: str, task: str, model, artifacts: list[Path], promoted: bool,
+           onnx_dir: Path) -> dict:
     run = SimpleNamespace(task=task, evaluate={"beam": 3})
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
@@ -46,10 +52,39 @@ def _publish(repo: Path, name: str, arch: str, task: str, model, tmp: Path, arti
     return meta
 
 
+class _Publisher:
+    """Versions published as ``publish`` writes them, the ONNX exports done two at a time.
+
+    Exporting is most of this repository's build time, and each export is one Python thread that
+    leaves the second core idle: the models are exported in two worker processes, then their
+    versions written here in the order they were asked for (so ntm's first model is version 1)."""
+
+    def __init__(self, repo: Path, work: Path):
+        self.repo, self.work, self.todo = repo, work, []
+
+    def __call__(self, name: str, arch: str, task: str, model, artifacts: list[Path], promoted: bool = True) -> None:
+        onnx_dir = self.work / f"{name}-{len(self.todo)}"
+        self.todo.append((name, arch, task, model, artifacts, promoted, onnx_dir))
+
+    def finish(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: a forked child of a process whose OpenMP pool has run can hang in it
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            done = [pool.submit(export_onnx, job[3], job[6]) for job in self.todo]
+            for future in done:
+                future.result()
+        for name, arch, task, model, artifacts, promoted, onnx_dir in self.todo:
+            _write(self.repo, name, arch, task, model, artifacts, promoted, onnx_dir)
+
+
 def build_published(tmp: Path) -> SimpleNamespace:
     """model_repository with bahdanau (v1) and ntm (v1, v2: different weights), tiny and seeded."""
     repo, work = tmp / "model_repository", tmp / "work"
     work.mkdir()
+    publish = _Publisher(repo, work)
     _tokenizer(work / "spm.de.model", GERMAN)
     _tokenizer(work / "spm.en.model", ENGLISH)
     import sentencepiece as spm
@@ -58,7 +93,7 @@ def build_published(tmp: Path) -> SimpleNamespace:
              for s in ("de", "en")}
     torch.manual_seed(0)
     seq = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
-    _publish(repo, "bahdanau", "bahdanau", "translation_de_en", seq, work,
+    publish("bahdanau", "bahdanau", "translation_de_en", seq,
              [work / "spm.de.model", work / "spm.en.model"])
     # The other seq2seq models run through the same server loop: Luong's carried LSTM state and
     # input feeding (local-p), the Transformer's growing key/value cache (empty at the start).
@@ -68,37 +103,38 @@ def build_published(tmp: Path) -> SimpleNamespace:
         torch.manual_seed(seed)
         seq2seq[name] = models.build(name, {**TINY[name], **extra, "src_vocab": sizes["de"],
                                             "tgt_vocab": sizes["en"]}).eval()
-        _publish(repo, name, name, "translation_de_en", seq2seq[name], work,
+        publish(name, name, "translation_de_en", seq2seq[name],
                  [work / "spm.de.model", work / "spm.en.model"])
     ntms = []
     for seed in (1, 2):
         torch.manual_seed(seed)
         ntms.append(models.build("ntm", TINY["ntm"]).eval())
-        _publish(repo, "ntm", "ntm", "copy", ntms[-1], work, [])
+        publish("ntm", "ntm", "copy", ntms[-1], [])
     torch.manual_seed(3)
     pointer = models.build("pointer_net", TINY["pointer_net"]).eval()
-    _publish(repo, "pointer", "pointer_net", "convex_hull", pointer, work, [])
+    publish("pointer", "pointer_net", "convex_hull", pointer, [])
     torch.manual_seed(4)
     act = models.build("act", TINY["act"]).eval()
-    _publish(repo, "act", "act", "parity", act, work, [])
+    publish("act", "act", "parity", act, [])
     torch.manual_seed(5)
     programmer = models.build("neural_programmer", TINY["neural_programmer"]).eval()
-    _publish(repo, "programmer", "neural_programmer", "table_qa", programmer, work, [])
+    publish("programmer", "neural_programmer", "table_qa", programmer, [])
     torch.manual_seed(6)
     captioner = models.build("show_attend_tell", TINY["show_attend_tell"]).eval()
-    _publish(repo, "captioner", "show_attend_tell", "mnist_captions", captioner, work, [])
+    publish("captioner", "show_attend_tell", "mnist_captions", captioner, [])
     torch.manual_seed(7)
     ram = models.build("ram", TINY["ram"]).eval()
-    _publish(repo, "ram", "ram", "mnist_translated60", ram, work, [])
+    publish("ram", "ram", "mnist_translated60", ram, [])
     torch.manual_seed(8)
     draw = models.build("draw", TINY["draw"]).eval()
-    _publish(repo, "draw", "draw", "mnist_binarized", draw, work, [])
+    publish("draw", "draw", "mnist_binarized", draw, [])
     torch.manual_seed(9)
     ocr = models.build("attention_ocr", {**TINY["attention_ocr"], "annotation": "grid"}).eval()
-    _publish(repo, "ocr", "attention_ocr", "ocr_words", ocr, work, [])
+    publish("ocr", "attention_ocr", "ocr_words", ocr, [])
     torch.manual_seed(10)
     speech = models.build("speech_attention", TINY["speech_attention"]).eval()
-    _publish(repo, "speech", "speech_attention", "spoken_digits", speech, work, [])
+    publish("speech", "speech_attention", "spoken_digits", speech, [])
+    publish.finish()
     return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
                            act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, ocr=ocr,
                            speech=speech, work=work)
