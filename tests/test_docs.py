@@ -120,3 +120,25 @@ def test_every_readme_command_names_real_commands_options_and_entries():
                 assert kind in stages and key in entries | set(params["tasks"]), argv
         elif argv[0] == "make":
             assert re.search(rf"^{re.escape(argv[1])}:", makefile, flags=re.M), argv
+
+
+def test_readme_plots_commands_draw_the_learning_curve_they_name():
+    # `dvc plots show FILE... -x X -y Y` lines run here on the committed learning curves (they are
+    # `cache: false` plots of train@, in git): every file gives points with both fields, x rising.
+    import math
+
+    lines = [argv for argv in _readme_commands() if argv[:3] == ["dvc", "plots", "show"]]
+    assert lines
+    for argv in lines:
+        x, y = argv[argv.index("-x") + 1], argv[argv.index("-y") + 1]
+        done = subprocess.run([*argv, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (argv, done.stderr)
+        data = json.loads(done.stdout)["data"]
+        files = [a for a in argv[3:] if a.endswith(".csv")]
+        assert files and set(files) <= set(data), (argv, list(data))
+        for name in files:
+            (plot,) = data[name]
+            points = plot["content"]["data"]["values"]
+            steps = [int(p[x]) for p in points]
+            assert len(points) >= 3 and steps == sorted(steps), (name, steps)
+            assert all(math.isfinite(float(p[y])) for p in points), (name, y)
