@@ -351,7 +351,7 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
     if created and not adhoc:
         _register(run, root, meta, promote)
     meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote,
-                                repository, register=not adhoc)
+                                repository=repository, register=not adhoc)
     return meta
 
 
@@ -378,15 +378,17 @@ INT8_SUFFIX = "-int8"
 
 
 def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artifacts: list[Path],
-                 fp32_version: int, promote: bool, repository: Path | None = None, register: bool = True) -> dict:
-    """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` when their quality gate passed
-    (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics, the gate, the bar
-    checked on the int8 metrics, and the fp32 version it was made beside. Production only when the
-    fp32 model is and the int8 metrics meet the bar too. Returns what happened (``main`` prints it)."""
+                 fp32_version: int, promote: bool, *, repository: Path, register: bool) -> dict:
+    """Publish ``quantize@``'s int8 graphs as model ``<name>-int8`` of ``repository`` when their
+    quality gate passed (``runs/<name>/int8_metrics.json``); its metadata carries the int8 metrics,
+    the gate, the bar checked on the int8 metrics, and the fp32 version it was made beside.
+    Production only when the fp32 model is and the int8 metrics meet the bar too. ``repository`` and
+    ``register`` are ``publish``'s decisions for the fp32 model, passed on so the two cannot differ.
+    Returns what happened (``main`` prints it)."""
     from pipeline.evaluate import check_bar
 
     name = run.name + INT8_SUFFIX
-    repo = (repository or root / "model_repository") / name
+    repo = repository / name
     repo.mkdir(parents=True, exist_ok=True)  # the stage's output also when nothing is published
     report_path = run.run_dir / "int8_metrics.json"
     report = json.loads(report_path.read_text())

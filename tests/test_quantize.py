@@ -160,7 +160,8 @@ def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_pas
         (run.run_dir / "int8_metrics.json").write_text(json.dumps({
             "quantization": {"method": "dynamic", "weights": "int8"}, "metrics": {"accuracy": accuracy},
             "gate": {"tolerance": 0.5, "passed": gate_passed, "conditions": []}}))
-        return publish_int8(run, tmp_path, serving, lineage, [], fp32_version=3, promote=promote)
+        return publish_int8(run, tmp_path, serving, lineage, [], fp32_version=3, promote=promote,
+                            repository=tmp_path / "model_repository", register=True)
 
     refused = publish_with(False, 0.9)
     assert refused == {"model": "act-int8", "published": False,
