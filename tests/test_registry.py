@@ -121,13 +121,29 @@ def test_overfits_one_batch(arch):
     assert last < {"draw": 0.25}.get(arch, 0.2) * first, (first, last)
 
 
-def test_export_and_parity(arch, tmp_path):
-    torch.manual_seed(0)
-    model = models.build(arch, TINY[arch]).eval()
-    graphs = export_onnx(model, tmp_path)
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(arch)`` -> (the seed-0 TINY model, its ONNX folder, the graphs' I/O names), exported
+    once per module: the parity test and the perturbed-weights test check the same graphs, and
+    the export is most of either test's time."""
+    done = {}
+
+    def get(arch: str):
+        torch.manual_seed(0)
+        model = models.build(arch, TINY[arch]).eval()  # a fresh copy each time: a test may change it
+        if arch not in done:
+            folder = tmp_path_factory.mktemp(f"onnx-{arch}")
+            done[arch] = (folder, export_onnx(model, folder))
+        return model, *done[arch]
+
+    return get
+
+
+def test_export_and_parity(arch, exported):
+    model, onnx_dir, graphs = exported(arch)
     assert set(graphs) == set(model.export_graphs())
     cases = [(f"batch {b}", tiny_batch(arch, seed=b, batch=b)) for b in (1, 2, 3)]
-    report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    report = parity_check(model, onnx_dir, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert report["passed"], report
     for case in report["cases"]:
         if hasattr(model, "decode_uncached"):  # the cached decoder step is checked against no cache
@@ -138,15 +154,13 @@ def test_export_and_parity(arch, tmp_path):
                 assert result.get("max_abs", 0) < 1e-4 and result.get("mismatches", 0) == 0
 
 
-def test_parity_catches_a_changed_model(arch, tmp_path):
+def test_parity_catches_a_changed_model(arch, exported):
     """The gate is real: perturbing the weights after export must fail it."""
-    torch.manual_seed(0)
-    model = models.build(arch, TINY[arch]).eval()
-    export_onnx(model, tmp_path)
+    model, onnx_dir, _ = exported(arch)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    report = parity_check(model, tmp_path, [("b3", tiny_batch(arch))], {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    report = parity_check(model, onnx_dir, [("b3", tiny_batch(arch))], {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert not report["passed"]
 
 
