@@ -370,6 +370,8 @@ class _LockWrites:
 
         def parsed(text, path):
             if self.path == os.path.abspath(path) and text == self.text:
+                # handed out to be updated: claimed again only once its dump is written
+                self.path = None
                 return self.data
             return parse(text, path)
 

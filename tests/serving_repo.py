@@ -94,7 +94,7 @@ def build_published(tmp: Path) -> SimpleNamespace:
     torch.manual_seed(0)
     seq = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
     publish("bahdanau", "bahdanau", "translation_de_en", seq,
-             [work / "spm.de.model", work / "spm.en.model"])
+            [work / "spm.de.model", work / "spm.en.model"])
     # The other seq2seq models run through the same server loop: Luong's carried LSTM state and
     # input feeding (local-p), the Transformer's growing key/value cache (empty at the start).
     seq2seq = {"bahdanau": seq}
@@ -104,7 +104,7 @@ def build_published(tmp: Path) -> SimpleNamespace:
         seq2seq[name] = models.build(name, {**TINY[name], **extra, "src_vocab": sizes["de"],
                                             "tgt_vocab": sizes["en"]}).eval()
         publish(name, name, "translation_de_en", seq2seq[name],
-                 [work / "spm.de.model", work / "spm.en.model"])
+                [work / "spm.de.model", work / "spm.en.model"])
     ntms = []
     for seed in (1, 2):
         torch.manual_seed(seed)
