@@ -152,8 +152,9 @@ def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tm
 
 
 def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_parsing_it_again(tmp_path, monkeypatch):
-    """Three stages committed one after another by the runner (the lock file parsed once, then its
-    dumped structure reused) and by ``dvc commit``: the same dvc.lock, byte for byte."""
+    """After ``dvc repro`` of a first stage, two stages committed one after another by the runner (the
+    lock file parsed once, then its dumped structure reused) and by ``dvc commit``: the same
+    dvc.lock, byte for byte."""
     import subprocess
 
     from dvc.utils.serialize import _yaml
