@@ -19,7 +19,6 @@ re-publishing an unchanged model is a no-op.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -30,8 +29,7 @@ import yaml
 import models
 from pipeline import tracking
 from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
-from pipeline.graphs import loop_kind
-from serving.admission import Limits
+from pipeline.serving_meta import limits, serving_meta
 from serving.repository import VERSION_RE
 
 DTYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(bool)": "TYPE_BOOL",
@@ -129,50 +127,6 @@ def digest(folder: Path, serving: dict) -> str:
         h.update(f.encode())
         h.update((SERVING_DIR / f).read_bytes())
     return h.hexdigest()
-
-
-# How a server turns a task's raw input into graph inputs and back, for the first two tasks; later
-# tasks declare it as ``Task.serving``. These belong there too, but editing those task files re-runs
-# their prepare stage, whose earlier manifests recorded their run time: their data would get a
-# new hash and every model downstream would retrain. They move with the next full re-run.
-TASK_SERVING = {
-    # Source ids are the German pieces followed by EOS, exactly as prepare@translation_de_en encodes them.
-    "translation_de_en": {"source_tokenizer": "spm.de.model", "target_tokenizer": "spm.en.model",
-                          "append_eos": True},
-    # A bit is 1 where its logit is positive (as NTM.predict); the heads' weightings, carried by
-    # the step graph as new_read_w / new_write_w, are returned over time as the attention.
-    "copy": {"bit_threshold": 0.0,
-             "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}},
-}
-
-
-def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
-    """Everything ``serving/`` needs to run the loop on raw input, so it never reads params or
-    checkpoints: loop kind, special ids and limits, attention outputs, the task's tokenizers.
-
-    ``cfg`` is the model's typed config, ``graphs`` the exported graph names.
-    """
-    meta: dict = {"loop": loop_kind(graphs)}
-    if meta["loop"] == "glimpse":
-        meta["glimpses"] = cfg.glimpses
-    if meta["loop"] == "seq2seq":
-        meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
-                    beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
-    from pipeline.tasks import get_task
-    from serving.kinds import kind_of
-
-    meta = {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving}
-    return {"kind": kind_of(meta, graphs), **meta}  # which serving/kinds module runs it
-
-
-def limits(run: RunConfig) -> dict:
-    """The serving limits published with the model (part of its serving block: a changed limit is
-    a new version)."""
-    known = {f.name for f in dataclasses.fields(Limits)}
-    unknown = sorted(set(run.limits) - known)
-    if unknown:
-        raise UserError(f"{run.name}: unknown serving limit(s) {unknown} in params.yaml; known: {sorted(known)}")
-    return Limits.of(run.limits).as_json()
 
 
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,

@@ -79,11 +79,23 @@ def quantize_graphs(src: Path, graphs: list[str], out: Path, op_types: list[str]
 
 
 class _Outputs(dict):
-    """A loop's outputs as a ``predict`` result; a key the loop does not return is a clear error."""
+    """A loop's outputs as a ``predict`` result. A key the loop does not return is looked up in what
+    the server answers for the same inputs (``served``, called once, only then: the NTMs' ``bits``
+    are the server's threshold of the loop's logits); a key neither has is a clear error."""
+
+    def __init__(self, outputs: dict, served=None):
+        super().__init__(outputs)
+        self._served = served
 
     def __missing__(self, key):
-        raise NotFromGraphs(f"the evaluation reads '{key}' of predict(), which the exported loop does not "
-                            f"return (it returns {', '.join(sorted(self))})")
+        if self._served is not None:
+            served, self._served = self._served(), None
+            for name, value in served.items():
+                self.setdefault(name, value)
+            if key in self:
+                return self[key]
+        raise NotFromGraphs(f"the evaluation reads '{key}' of predict(), which neither the exported loop nor "
+                            f"the served model returns (they return {', '.join(sorted(self))})")
 
 
 class _OrtModule:
@@ -108,12 +120,27 @@ class OnnxTwin:
     score PyTorch instead: asking for one raises :class:`NotFromGraphs`.
     """
 
-    def __init__(self, model, onnx_dir: Path, threads: int = 0):
+    def __init__(self, model, onnx_dir: Path, threads: int = 0, run: RunConfig | None = None):
         self._model = model
         self._specs = model.export_graphs()
         self._graphs = {n: OrtGraph(Path(onnx_dir) / f"{n}.onnx", provider="cpu", threads=threads)
                         for n in self._specs}
         self._meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+        self._run, self._served = run, None
+
+    def _served_model(self):
+        """The server's model (``serving/kinds``) over these graphs with the serving block ``publish``
+        writes, built on first use; None without a run or for a kind that serves only the graphs."""
+        if self._served is None and self._run is not None:
+            from pipeline.serving_meta import limits, serving_meta
+            from serving.admission import Limits
+            from serving.kinds import KINDS
+
+            meta = {**serving_meta(self._model.cfg, list(self._specs), self._run), "limits": limits(self._run)}
+            kind = KINDS.get(meta["kind"])
+            self._served = kind(self._run.name, 0, self._run.run_dir, {"serving": meta}, self._graphs,
+                                Limits.of(meta["limits"])) if kind else False
+        return self._served or None
 
     def __getattr__(self, name: str):
         value = getattr(self._model, name)
@@ -124,7 +151,17 @@ class OnnxTwin:
     def predict(self, batch: dict) -> dict:
         feeds = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
         out = run_loop(self._graphs, feeds, self._meta)
-        return _Outputs({k: torch.from_numpy(np.asarray(v)) for k, v in out.items()})
+        return _Outputs({k: torch.from_numpy(np.asarray(v)) for k, v in out.items()},
+                        lambda: self._serve(feeds))
+
+    def _serve(self, feeds: dict) -> dict:
+        """What the server answers for these feeds; empty where it takes other inputs (raw text)."""
+        served = self._served_model()
+        inputs = [spec.name for spec in served.inputs] if served else []
+        if not served or not set(inputs) <= set(feeds):
+            return {}
+        answer = served.infer({n: feeds[n] for n in inputs}, {})
+        return {k: torch.from_numpy(np.asarray(v)) for k, (v, _dtype) in answer.items()}
 
     def export_graphs(self) -> dict:
         return {n: dataclasses.replace(s, module=_OrtModule(self._graphs[n], s.input_names, s.output_names))
@@ -134,7 +171,7 @@ class OnnxTwin:
 def evaluate_graphs(model, run, onnx_dir: Path, threads: int = 0) -> dict:
     """The task's test metrics (numbers only) with every graph of ``model`` run from ``onnx_dir``."""
     with tempfile.TemporaryDirectory() as plots:  # the task draws its plots; the variant keeps none
-        metrics, _ = get_task(run.task).evaluate(OnnxTwin(model, onnx_dir, threads), run, Path(plots))
+        metrics, _ = get_task(run.task).evaluate(OnnxTwin(model, onnx_dir, threads, run), run, Path(plots))
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 

@@ -49,7 +49,8 @@ ENTRIES = {}
 for _name in KEEP:
     ENTRIES.setdefault(_PARAMS["models"][_name]["arch"], _name)
 # What the exported graphs cannot answer of a task's evaluation, so int8 is not measured there.
-NOT_FROM_GRAPHS = {"ntm": "reads 'bits' of predict()", "draw": "calls model.infer()"}
+# (The NTM's bits come from the served model: the server's threshold of the loop's logits.)
+NOT_FROM_GRAPHS = {"draw": "calls model.infer()"}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def tiny(tmp_path_factory):
         model = models.build(entry["arch"], {**manifest.get("model_defaults", {}), **entry["model"]}).eval()
         export_onnx(model, tmp / name / "onnx")
         run = SimpleNamespace(task=entry["task"], data_dir=data, evaluate=entry["evaluate"], name=name,
-                              bar=entry.get("bar", []))
+                              bar=entry.get("bar", []), limits={}, run_dir=tmp / name)
         return SimpleNamespace(model=model, run=run, task=task, onnx=tmp / name / "onnx", tmp=tmp / name)
 
     return build
@@ -132,9 +133,39 @@ def test_the_twin_refuses_what_only_pytorch_computes():
         with pytest.raises(NotFromGraphs, match="loss"):
             twin.loss(batch)
         missing = sorted(set(ntm.predict(batch)) - set(out))
-        if missing:  # e.g. NTM's bits: the task must not read them from the loop
-            with pytest.raises(NotFromGraphs, match=missing[0]):
-                out[missing[0]]
+        assert "bits" in missing  # the loop returns logits; the server thresholds them
+        with pytest.raises(NotFromGraphs, match="bits"):  # without a run there is no served model
+            out["bits"]
+
+
+def test_what_the_loop_lacks_comes_from_the_served_model_once(monkeypatch):
+    """The NTM's bits: the twin asks the server's own model (serving/kinds) for them, on the same
+    feeds, and only when the evaluation reads a key the loop does not return."""
+    torch.manual_seed(0)
+    ntm = models.build("ntm", TINY["ntm"]).eval()
+    import tempfile
+    from pathlib import Path
+
+    from serving.kinds.recurrent import RecurrentModel
+
+    calls = []
+    infer = RecurrentModel.infer
+    monkeypatch.setattr(RecurrentModel, "infer", lambda self, f, p: calls.append(1) or infer(self, f, p))
+    run = SimpleNamespace(task="copy", name="ntm", evaluate={}, limits={}, run_dir=None)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_onnx(ntm, Path(tmp))
+        twin = OnnxTwin(ntm, Path(tmp), run=run)
+        batch = tiny_batch("ntm")
+        out = twin.predict(batch)
+        assert out["logits"].shape == batch["x"].shape[:2] + (TINY["ntm"]["output_size"],) and calls == []
+        want = ntm.predict(batch)
+        assert torch.equal(out["bits"].float(), (out["logits"] > 0).float()) and calls == [1]
+        assert (out["bits"].float() == want["bits"]).float().mean() > 0.99  # fp32 graphs vs PyTorch
+        torch.testing.assert_close(out["read_weights"], want["read_weights"], atol=1e-4, rtol=1e-3)
+        out["write_weights"]
+        assert calls == [1]  # the served answer is asked for once per predict()
+        with pytest.raises(NotFromGraphs, match="neither the exported loop nor the served model"):
+            out["probs"]
 
 
 def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_passed(tmp_path, monkeypatch):
