@@ -182,3 +182,43 @@ def test_draw_bound_stays_finite_in_onnx_for_saturated_canvases(tmp_path):
     on = batch["image"].sum((1, 2))
     assert torch.allclose(expected["recon_nll"], on * 450, rtol=0.05)
     np.testing.assert_allclose(got["bound"], expected["bound"].numpy(), rtol=1e-5)
+
+
+def test_draw_evaluation_splits_the_bound_by_ink_and_plots_canvases_only_for_pytorch(tmp_path):
+    """The report's by-size row: the test digits by pixels on, each digit in one bucket, and the
+    buckets' count-weighted bounds give the test bound; KL per step is a plot of its own. The int8
+    twin (no ``infer`` of its own) gets the same figures with no canvases to draw."""
+    from types import SimpleNamespace
+
+    from pipeline.tasks import get_task
+    from pipeline.tasks.mnist_binarized import INK_BUCKETS
+
+    task = get_task("mnist_binarized")
+    data = tmp_path / "data"
+    data.mkdir()
+    task.prepare({"seed": 0, "train_size": 4, "val_size": 4, "test_size": 700}, data)
+    torch.manual_seed(0)
+    model = models.build("draw", {**TINY["draw"], "image_size": CELL}).eval()
+    run = SimpleNamespace(data_dir=data, evaluate={}, name="draw")
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    metrics, row = task.evaluate(model, run, plots)
+    by = row["by_length"]
+    ink = task.images(data, "test").reshape(700, -1).sum(1)
+    assert by["labels"][0] == f"≤{INK_BUCKETS[0]}" and by["labels"][-1] == f"{INK_BUCKETS[-1] + 1}+"
+    assert by["counts"][0] == int((ink <= INK_BUCKETS[0]).sum()) and sum(by["counts"]) == 700
+    mean = sum(v * n for v, n in zip(by["values"], by["counts"])) / 700
+    assert abs(mean - metrics["test_nll_bound"]) <= 0.0101  # each side rounded to 0.01
+    assert len(metrics["kl_by_step"]) == TINY["draw"]["steps"]
+    assert {p.name for p in plots.iterdir()} == {"kl_by_step.png", "reconstruction_steps.png", "samples_steps.png"}
+
+    class Twin:  # what quantize's OnnxTwin offers: predict and attributes, no infer/generate
+        cfg = model.cfg
+
+        def predict(self, batch):
+            return model.predict(batch)
+
+    twin_plots = tmp_path / "twin"
+    twin_plots.mkdir()
+    assert task.evaluate(Twin(), run, twin_plots) == (metrics, row)
+    assert [p.name for p in twin_plots.iterdir()] == ["kl_by_step.png"]

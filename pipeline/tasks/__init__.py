@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from copy import copy as shallow_copy  # (pipeline.tasks.copy, the NTM task, takes the name "copy")
 import importlib
 import pkgutil
+from copy import copy as shallow_copy  # (pipeline.tasks.copy, the NTM task, takes the name "copy")
 from pathlib import Path
 
 

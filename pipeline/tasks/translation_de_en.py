@@ -156,7 +156,6 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
 
     Returns: (metrics, comparison row for the task report).
     """
-    import numpy as np
     import sacrebleu
     import sentencepiece as spm
     from tqdm.auto import tqdm
@@ -232,7 +231,8 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
                             plots / f"heads_{n}.png", f"{run.name}: {hyp_greedy[i][:60]}")
     row = {"headline": {"bleu_beam": metrics["bleu_beam"], "bleu_greedy": metrics["bleu_greedy"],
                         "chrf_beam": metrics["chrf_beam"], "bleu_copy_source": metrics["bleu_copy_source"],
-                        **({"bleu_dict_greedy": metrics["dict_test"]["bleu_greedy"]} if "dict_test" in metrics else {})},
+                        **({"bleu_dict_greedy": metrics["dict_test"]["bleu_greedy"]}
+                           if "dict_test" in metrics else {})},
            "by_length": {"metric": "BLEU (beam)", "xlabel": "source sentence length (words)",
                          "labels": [b["bucket"] for b in buckets], "values": [b["bleu"] for b in buckets],
                          "counts": [b["sentences"] for b in buckets]},
@@ -268,7 +268,7 @@ def by_source(items: list[dict], hyps: list[str], refs: list[str], copy: list[st
         sel = [i for i, it in enumerate(items) if it.get("source", "") == name]
         if len(sel) < min_sentences:
             continue
-        pick = lambda xs: [xs[i] for i in sel]  # noqa: E731
+        pick = lambda xs, sel=sel: [xs[i] for i in sel]  # noqa: E731 (sel bound now: B023)
         rows.append({"source": name, "sentences": len(sel),
                      "bleu": round(sacrebleu.corpus_bleu(pick(hyps), [pick(refs)]).score, 2),
                      "chrf": round(sacrebleu.corpus_chrf(pick(hyps), [pick(refs)]).score, 2),
