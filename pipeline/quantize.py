@@ -11,9 +11,10 @@ most ``quantize.tolerance`` (BLEU points, accuracy / CER points, nats, bits per 
 sits beside the fp32 metrics; a variant that misses the gate is reported there and is not to be
 published. Timings go to MLflow only (tracked outputs stay deterministic).
 
-A task whose evaluation needs something the exported graphs do not compute (a PyTorch-only method,
-an output the loop does not return) cannot score the variant; the stage then records why in
-``int8_metrics.json`` (gate not passed) instead of failing the pipeline.
+The variant is scored on what a server answers: an output the loop does not return (the NTMs'
+``bits``) comes from the server's own model (``serving/kinds``) over the same graphs. A task whose
+evaluation needs what neither computes (a PyTorch-only method) cannot score the variant; the stage
+then records why in ``int8_metrics.json`` (gate not passed) instead of failing the pipeline.
 """
 
 from __future__ import annotations
