@@ -258,11 +258,15 @@ def test_a_recurrent_layer_kept_in_fp32_computes_exactly_what_it_computes_withou
 
 
 def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
-    """train.precision bf16: the loss is computed under CPU autocast (matmuls in bfloat16), weights
-    stay fp32, and training still lowers the validation loss; a typo names the two choices."""
+    """train.precision bf16 on a CPU with native bf16 (declared here, so the test runs on any CPU):
+    the loss is computed under CPU autocast (matmuls in bfloat16), weights stay fp32, and training
+    still lowers the validation loss; a typo names the two choices."""
     import torch
 
     import models.ntm as ntm
+    import pipeline.train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: True)
 
     dtypes = []
     original = ntm.NTM.loss
@@ -288,3 +292,32 @@ def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
     assert dtypes and not any(enabled for enabled, _ in dtypes)
     with pytest.raises(Exception, match="use fp32 or bf16"):
         train(resolve("ntm", root=root, overrides={"precision": "fp16"}), root / "x", progress=False)
+
+
+def test_bf16_on_a_cpu_without_native_bf16_trains_exactly_as_fp32(root, monkeypatch, capsys):
+    """Where the CPU only emulates bf16 (declared here), a bf16 entry trains in fp32, which is 10-20x
+    faster there: no step runs under autocast, the weights are bit for bit the fp32 run's, the log
+    says why, and train_summary.json records the precision used. An fp32 run records nothing."""
+    import models.ntm as ntm
+    import pipeline.train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: False)
+    autocast = []
+    original = ntm.NTM.loss
+
+    def spying(self, batch):
+        autocast.append(torch.is_autocast_enabled("cpu"))
+        return original(self, batch)
+
+    monkeypatch.setattr(ntm.NTM, "loss", spying)
+    short = {"max_steps": 6, "eval_every": 3}
+    asked_bf16 = train(resolve("ntm", root=root, overrides={**short, "precision": "bf16"}), root / "b", progress=False)
+    assert autocast and not any(autocast)
+    assert "precision bf16 runs as fp32 here: this CPU has no native bf16" in capsys.readouterr().out
+    plain = train(resolve("ntm", root=root, overrides=short), root / "f", progress=False)
+    assert asked_bf16["best_val_loss"] == plain["best_val_loss"]
+    weights = [load_file(root / d / "checkpoint" / "best" / "model.safetensors") for d in ("b", "f")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    summaries = [json.loads((root / d / "train_summary.json").read_text()) for d in ("b", "f")]
+    assert summaries[0]["precision"] == "fp32" and "precision" not in summaries[1]
