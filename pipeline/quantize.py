@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -127,21 +128,22 @@ class OnnxTwin:
         self._graphs = {n: OrtGraph(Path(onnx_dir) / f"{n}.onnx", provider="cpu", threads=threads)
                         for n in self._specs}
         self._meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
-        self._run, self._served = run, None
+        self._run = run
 
+    @functools.cached_property
     def _served_model(self):
         """The server's model (``serving/kinds``) over these graphs with the serving block ``publish``
         writes, built on first use; None without a run or for a kind that serves only the graphs."""
-        if self._served is None and self._run is not None:
-            from pipeline.serving_meta import limits, serving_meta
-            from serving.admission import Limits
-            from serving.kinds import KINDS
+        if self._run is None:
+            return None
+        from pipeline.serving_meta import limits, serving_meta
+        from serving.admission import Limits
+        from serving.kinds import KINDS
 
-            meta = {**serving_meta(self._model.cfg, list(self._specs), self._run), "limits": limits(self._run)}
-            kind = KINDS.get(meta["kind"])
-            self._served = kind(self._run.name, 0, self._run.run_dir, {"serving": meta}, self._graphs,
-                                Limits.of(meta["limits"])) if kind else False
-        return self._served or None
+        meta = {**serving_meta(self._model.cfg, list(self._specs), self._run), "limits": limits(self._run)}
+        kind = KINDS.get(meta["kind"])
+        return kind(self._run.name, 0, self._run.run_dir, {"serving": meta}, self._graphs,
+                    Limits.of(meta["limits"])) if kind else None
 
     def __getattr__(self, name: str):
         value = getattr(self._model, name)
@@ -157,7 +159,7 @@ class OnnxTwin:
 
     def _serve(self, feeds: dict) -> dict:
         """What the server answers for these feeds; empty where it takes other inputs (raw text)."""
-        served = self._served_model()
+        served = self._served_model
         inputs = [spec.name for spec in served.inputs] if served else []
         if not served or not set(inputs) <= set(feeds):
             return {}

@@ -157,6 +157,9 @@ def test_what_the_loop_lacks_comes_from_the_served_model_once(monkeypatch):
         torch.testing.assert_close(out["read_weights"], want["read_weights"], atol=1e-4, rtol=1e-3)
         out["write_weights"]
         assert calls == [1]  # the served answer is asked for once per predict()
+        served = twin._served_model
+        twin.predict(batch)["bits"]
+        assert twin._served_model is served and calls == [1, 1]  # the server's model is built once
         with pytest.raises(NotFromGraphs, match="neither the exported loop nor the served model"):
             out["probs"]
 
