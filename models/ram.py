@@ -213,7 +213,8 @@ class _Glimpse(nn.Module):
         levels, offset = [image.unsqueeze(1)], 0  # [B,S,S] -> [B,1,S,S], then the carried coarser levels
         for k in range(1, self.model.cfg.scales):
             side = self.model.cfg.image_size // 2**k
-            levels.append(pyramid[:, offset:offset + side * side].reshape(-1, 1, side, side))  # [B,side²] -> [B,1,side,side]
+            level = pyramid[:, offset:offset + side * side]  # [B,side²]
+            levels.append(level.reshape(-1, 1, side, side))  # [B,side²] -> [B,1,side,side]
             offset += side * side
         h, c, mean = self.model.glimpse_step(levels, h, c, loc)
         out = (self.model.classify(h), h, c, self.model.inference_location(mean))
