@@ -331,12 +331,13 @@ def train(
     on_cpu = not has_accelerator()
     # bf16 is a speed setting, not part of the recipe: where the CPU would only emulate it, fp32 is
     # an order of magnitude faster (cpu_has_native_bf16), so the run takes fp32 and says so.
-    precision = "fp32" if cfg.precision == "bf16" and on_cpu and not cpu_has_native_bf16() else cfg.precision
+    emulated_bf16 = on_cpu and not cpu_has_native_bf16()
+    precision = "fp32" if cfg.precision == "bf16" and emulated_bf16 else cfg.precision
     accelerator = Accelerator(cpu=on_cpu, mixed_precision="bf16" if precision == "bf16" else None)
     if precision != cfg.precision:
         accelerator.print(f"{run.name}: precision bf16 runs as fp32 here: this CPU has no native bf16, and emulating "
                           "it makes each step 10-20x slower (train_summary.json: precision)")
-    elif accelerator.mixed_precision == "bf16" and on_cpu and not cpu_has_native_bf16():
+    elif accelerator.mixed_precision == "bf16" and emulated_bf16:
         accelerator.print(f"{run.name}: the launcher asked for bf16, which this CPU only emulates (10-20x slower "
                           "than fp32); launch without --mixed_precision bf16 to train in fp32")
     rank, world = accelerator.process_index, accelerator.num_processes
