@@ -1,0 +1,177 @@
+"""BLEU by source length for several translation runs side by side, and the gap between the first
+two (an analysis, not a stage): #24's bar asks that the `bahdanau` vs `bahdanau_none` gap grow with
+sentence length, as in Bahdanau et al.'s Fig. 2.
+
+    python scripts/length_gap.py bahdanau bahdanau_none                       # the pipeline's runs/<name>
+    python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau bahdanau_none=/tmp/lr/bahdanau_none
+    python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --length-penalty 0.5
+    python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --coverage 0.2 0.4 1.0
+
+Each run's ``checkpoint/best`` decodes with beam 5 through ``serving.decode.beam_search``, exactly as
+``evaluate@`` does, over ``--sample long`` (default: every test sentence of 21+ words and every fourth
+of the rest, 880 of the 2,501: the long buckets whole at about a third of the cost) or ``all``.
+Per length bucket it prints BLEU (sacrebleu), the brevity penalty, and the share of outputs that
+repeat a word 3-gram (looping). ``--coverage BETA...`` re-ranks each beam's n-best list with GNMT's
+coverage penalty (Wu et al. 2016, eq. 14), ``BETA * sum_j log(min(sum_i a_ij, 1))`` added to the
+length-normalised score, the attention of each hypothesis read by feeding it back through the
+decoder step (a model without attention has a constant alignment: no penalty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EDGES = [10, 15, 20, 24]  # the buckets of params.yaml models.bahdanau.evaluate.length_buckets
+
+
+def sample(items: list[dict], kind: str) -> list[int]:
+    """Indices of the test items to decode: ``long`` keeps every sentence of 21+ words and every fourth other one."""
+    if kind == "all":
+        return list(range(len(items)))
+    return [i for i, it in enumerate(items) if len(it["src_text"].split()) > EDGES[2] or i % 4 == 0]
+
+
+def repeats_a_trigram(text: str) -> bool:
+    words = text.split()
+    grams = [tuple(words[j : j + 3]) for j in range(len(words) - 2)]
+    return len(grams) != len(set(grams))
+
+
+def coverage_scores(step, enc: dict, nbest: list, bos: int, eos: int, beta: float) -> list[float]:
+    """Each n-best hypothesis's score plus GNMT's coverage penalty, its alignments read by forced decoding."""
+    from serving.decode import _carried
+
+    k = len(nbest)
+    steps = max(len(tokens) for tokens, _ in nbest) + 1  # every token, then EOS
+    state = {name: np.repeat(value, k, axis=0) for name, value in enc.items()}  # [K,...]
+    inputs = np.full((k, steps), eos, dtype=np.int64)  # y_prev per step: BOS, then the hypothesis
+    inputs[:, 0] = bos
+    for row, (tokens, _) in enumerate(nbest):
+        inputs[row, 1 : len(tokens) + 1] = tokens
+    coverage = 0.0
+    for t in range(steps):
+        out = step({**state, "y_prev": inputs[:, t]})
+        alive = np.array([t <= len(tokens) for tokens, _ in nbest])[:, None]  # [K,1]: up to its EOS step
+        coverage = coverage + out["attention"] * alive  # [K,S]
+        state.update(_carried(out))
+    penalty = beta * np.log(np.minimum(coverage, 1.0) + 1e-9).sum(-1)  # [K]
+    return [score + float(p) for (_, score), p in zip(nbest, penalty)]
+
+
+def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_penalty: float,
+           betas: list[float]) -> dict[float, dict[int, str]]:
+    """Beam-5 translations of items[ids] per coverage weight (0: the beam's own choice)."""
+    import sentencepiece as spm
+    import torch
+    from tqdm import tqdm
+
+    from pipeline.checkpoint import load_model
+    from pipeline.config import resolve
+    from pipeline.graphs import TorchGraph
+    from serving.decode import beam_search
+
+    torch.set_num_threads(1)
+    data_dir = resolve(name).data_dir
+    model, _ = load_model(run_dir / "checkpoint" / "best")
+    model.eval()
+    sp = spm.SentencePieceProcessor(model_file=str(data_dir / "spm.en.model"))
+    specs = model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    cfg = model.cfg
+    out: dict[float, dict[int, str]] = {beta: {} for beta in [0.0, *betas]}
+    for i in tqdm(ids, desc=f"beam 5 {name}", mininterval=10):
+        src = np.array([items[i]["src"]], dtype=np.int64)  # [1,S]
+        lengths = np.array([src.shape[1]])
+        r = beam_search(enc, step, src, lengths, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=5,
+                        length_penalty=length_penalty)
+        out[0.0][i] = sp.decode(r["tokens"].tolist())
+        if betas:
+            memory = enc({"src": src, "src_len": lengths})
+            for beta in betas:
+                scores = coverage_scores(step, memory, r["nbest"], cfg.bos_id, cfg.eos_id, beta)
+                best = r["nbest"][int(np.argmax(scores))][0]  # first of equals: the beam's own order
+                out[beta][i] = sp.decode(best.tolist())
+    return out
+
+
+def buckets(ids: list[int], items: list[dict], hyps: dict[int, str]) -> list[dict]:
+    import sacrebleu
+
+    from pipeline.tasks.translation_de_en import _buckets
+
+    rows = []
+    for label, low, high in _buckets(EDGES):
+        sel = [i for i in ids if low <= len(items[i]["src_text"].split()) <= high]
+        if not sel:  # a --limit sample may miss a bucket
+            continue
+        bleu = sacrebleu.corpus_bleu([hyps[i] for i in sel], [[items[i]["tgt_text"] for i in sel]])
+        rows.append({"bucket": label, "sentences": len(sel), "bleu": round(bleu.score, 2), "bp": round(bleu.bp, 3),
+                     "repeat3": round(float(np.mean([repeats_a_trigram(hyps[i]) for i in sel])), 2)})
+    return rows
+
+
+def markdown(results: dict[str, list[dict]], gap: tuple[str, str] | None) -> str:
+    """One row per bucket: each run's BLEU (brevity penalty, share repeating a 3-gram), then gap[0] - gap[1]."""
+    names = list(results)
+    head = "| bucket | sentences | " + " | ".join(f"`{n}` BLEU (BP, repeats)" for n in names)
+    head += f" | gap `{gap[0]}` - `{gap[1]}` |" if gap else " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for b, row in enumerate(results[names[0]]):
+        cells = [f"{results[n][b]['bleu']} ({results[n][b]['bp']}, {results[n][b]['repeat3']:.0%})" for n in names]
+        diff = f" | {results[gap[0]][b]['bleu'] - results[gap[1]][b]['bleu']:.2f}" if gap else ""
+        lines.append(f"| {row['bucket']} | {row['sentences']} | " + " | ".join(cells) + diff + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+",
+                    help="MODEL or MODEL=RUN_DIR (default runs/MODEL); the gap is the first minus the second")
+    ap.add_argument("--sample", choices=["long", "all"], default="long",
+                    help="long: every test sentence of 21+ words and every fourth other one; all: the whole test set")
+    ap.add_argument("--length-penalty", type=float, default=1.0,
+                    help="beam score = log p / length**this (evaluate@'s default 1)")
+    ap.add_argument("--coverage", type=float, nargs="*", default=[], metavar="BETA",
+                    help="also re-rank the n-best with GNMT's coverage penalty at these weights")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences of the sample (a quick look)")
+    ap.add_argument("--out", type=Path, help="write every bucket and translation here as JSON")
+    args = ap.parse_args(argv)
+
+    from pipeline.config import resolve
+    from pipeline.tasks.translation_de_en import TranslationTask
+
+    runs = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1]) if "=" in spec else ROOT / "runs" / spec)
+            for spec in args.runs]
+    for name, run_dir in runs:
+        if not (run_dir / "checkpoint" / "best").is_dir():
+            sys.exit(f"error: no checkpoint in {run_dir}/checkpoint/best; "
+                     f"train it first (attnzoo train {name} --out DIR)")
+    items = TranslationTask().load(resolve(runs[0][0]).data_dir, "test")
+    ids = sample(items, args.sample)[: args.limit or None]
+    results, texts, started = {}, {}, time.monotonic()
+    for name, run_dir in runs:
+        hyps = decode(name, run_dir, ids, items, args.length_penalty, args.coverage)
+        for beta, by_item in hyps.items():
+            label = name if beta == 0 else f"{name} coverage {beta:g}"
+            results[label], texts[label] = buckets(ids, items, by_item), by_item
+    print(markdown(results, (runs[0][0], runs[1][0]) if len(runs) > 1 else None))
+    print(f"\n{len(ids)} test sentences, beam 5, length penalty {args.length_penalty:g}, "
+          f"{time.monotonic() - started:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps({"runs": {n: str(d) for n, d in runs}, "sample": args.sample,
+                                        "length_penalty": args.length_penalty, "buckets": results,
+                                        "translations": texts}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
