@@ -29,6 +29,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -240,8 +241,9 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     def run_of(r: dict) -> tuple[str, str]:  # (machine, date); rows of the first full run carry neither
         return r.get("machine", ""), r.get("date", "")
 
-    runs = list(dict.fromkeys(map(run_of, rows)))
-    first, later = runs[0], runs[1:]
+    # The run most rows come from heads the table (the full one), whichever model it is listed under first.
+    counts = Counter(map(run_of, rows))
+    first, *later = sorted(counts, key=lambda run: -counts[run])  # stable: ties keep the rows' order
     marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
     lines = [START, "",
              f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {first[0]}"
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(rows, args.threads, args.repeats)
     print(table)
     if args.write_docs:
-        JSON_OUT.write_text(json.dumps({"machine": rows[0].get("machine", machine()), "threads": args.threads,
+        full = Counter(r.get("machine", machine()) for r in rows).most_common(1)[0][0]  # as the table's header
+        JSON_OUT.write_text(json.dumps({"machine": full, "threads": args.threads,
                                         "repeats": args.repeats, "rows": rows}, indent=1))
         text = DOCS.read_text()
         if START in text:

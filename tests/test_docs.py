@@ -80,6 +80,25 @@ def test_results_table_is_generated_from_the_committed_metrics():
     assert cells[4].split(";")[0] == f"{bleu:.2f}", (cells[4], bleu)
 
 
+
+def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured():
+    # docs/benchmarks.md's inference table: a row re-measured later (here listed first, as bahdanau is)
+    # carries its machine and date and a mark; the header names the run the other rows come from.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_inference
+
+    kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())
+    rows = [bench_inference.from_json(r) for r in kept["rows"][:3]]
+    rows[0].update(machine="Other CPU, 8 cores", date="2026-12-01")
+    for row in rows[1:]:
+        row.update(machine="AMD EPYC, 2 cores", date=None)
+    table = bench_inference.markdown(rows, kept["threads"], kept["repeats"])
+    assert f"--repeats {kept['repeats']}` on AMD EPYC, 2 cores;" in table
+    assert "† Re-measured on Other CPU, 8 cores (2026-12-01), after retraining: `python scripts/bench_inference.py " \
+           f"{rows[0]['model']} --threads" in table
+    marked = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "†" in line}
+    assert marked == {rows[0]["model"] + "†"}, marked
+
 def _readme_commands() -> list[list[str]]:
     """Every command line in the README's bash code blocks, split as the shell would (comments off)."""
     import shlex
