@@ -234,16 +234,23 @@ def from_json(row: dict) -> dict:
                                   for t, at in row["by_threads"].items()}}
 
 
+def run_of(r: dict) -> tuple[str, str]:
+    """(machine, date) of a row; rows of the first full run carry no date."""
+    return r.get("machine", ""), r.get("date", "")
+
+
+def runs_of(rows: list[dict]) -> list[tuple[str, str]]:
+    """The runs the rows come from, the one most rows come from (the full one) first, whichever model
+    it is listed under first; ties keep the rows' order."""
+    counts = Counter(map(run_of, rows))
+    return sorted(counts, key=lambda run: -counts[run])
+
+
 def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     spelled = " ".join(map(str, threads))
     # Rows re-measured later (--write-docs with model names) may come from another machine: each row's
     # ratios are from one run on one machine, and a mark names where the later ones ran.
-    def run_of(r: dict) -> tuple[str, str]:  # (machine, date); rows of the first full run carry neither
-        return r.get("machine", ""), r.get("date", "")
-
-    # The run most rows come from heads the table (the full one), whichever model it is listed under first.
-    counts = Counter(map(run_of, rows))
-    first, *later = sorted(counts, key=lambda run: -counts[run])  # stable: ties keep the rows' order
+    first, *later = runs_of(rows)
     marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
     lines = [START, "",
              f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {first[0]}"
@@ -342,8 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(rows, args.threads, args.repeats)
     print(table)
     if args.write_docs:
-        full = Counter(r.get("machine", machine()) for r in rows).most_common(1)[0][0]  # as the table's header
-        JSON_OUT.write_text(json.dumps({"machine": full, "threads": args.threads,
+        JSON_OUT.write_text(json.dumps({"machine": runs_of(rows)[0][0] or machine(), "threads": args.threads,
                                         "repeats": args.repeats, "rows": rows}, indent=1))
         text = DOCS.read_text()
         if START in text:

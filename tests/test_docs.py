@@ -80,7 +80,6 @@ def test_results_table_is_generated_from_the_committed_metrics():
     assert cells[4].split(";")[0] == f"{bleu:.2f}", (cells[4], bleu)
 
 
-
 def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured():
     # docs/benchmarks.md's inference table: a row re-measured later (here listed first, as bahdanau is)
     # carries its machine and date and a mark; the header names the run the other rows come from.
