@@ -42,6 +42,8 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     if meta["loop"] == "seq2seq":
         meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
+        if run.evaluate.get("no_repeat_ngram"):  # only where set: other models' serving blocks stay byte-identical
+            meta["no_repeat_ngram"] = int(run.evaluate["no_repeat_ngram"])
     from pipeline.tasks import get_task
     from serving.kinds import kind_of
 

@@ -68,7 +68,7 @@ def coverage_scores(step, enc: dict, nbest: list, bos: int, eos: int, beta: floa
 
 
 def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_penalty: float,
-           betas: list[float]) -> dict[float, dict[int, str]]:
+           betas: list[float], no_repeat: int = 0) -> dict[float, dict[int, str]]:
     """Beam-5 translations of items[ids] per coverage weight (0: the beam's own choice)."""
     import sentencepiece as spm
     import torch
@@ -92,7 +92,7 @@ def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_p
         src = np.array([items[i]["src"]], dtype=np.int64)  # [1,S]
         lengths = np.array([src.shape[1]])
         r = beam_search(enc, step, src, lengths, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=5,
-                        length_penalty=length_penalty)
+                        length_penalty=length_penalty, no_repeat_ngram=no_repeat)
         out[0.0][i] = sp.decode(r["tokens"].tolist())
         if betas:
             memory = enc({"src": src, "src_len": lengths})
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="long: every test sentence of 21+ words and every fourth other one; all: the whole test set")
     ap.add_argument("--length-penalty", type=float, default=1.0,
                     help="beam score = log p / length**this (evaluate@'s default 1)")
+    ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                    help="forbid each hypothesis to repeat a token N-gram (0: off, evaluate@'s default)")
     ap.add_argument("--coverage", type=float, nargs="*", default=[], metavar="BETA",
                     help="also re-rank the n-best with GNMT's coverage penalty at these weights")
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences of the sample (a quick look)")
@@ -160,16 +162,18 @@ def main(argv: list[str] | None = None) -> None:
     ids = sample(items, args.sample)[: args.limit or None]
     results, texts, started = {}, {}, time.monotonic()
     for name, run_dir in runs:
-        hyps = decode(name, run_dir, ids, items, args.length_penalty, args.coverage)
+        hyps = decode(name, run_dir, ids, items, args.length_penalty, args.coverage, args.no_repeat_ngram)
         for beta, by_item in hyps.items():
             label = name if beta == 0 else f"{name} coverage {beta:g}"
             results[label], texts[label] = buckets(ids, items, by_item), by_item
     print(markdown(results, (runs[0][0], runs[1][0]) if len(runs) > 1 else None))
     print(f"\n{len(ids)} test sentences, beam 5, length penalty {args.length_penalty:g}, "
+          f"no repeated {args.no_repeat_ngram or '-'}-gram, "
           f"{time.monotonic() - started:.0f} s")
     if args.out:
         args.out.write_text(json.dumps({"runs": {n: str(d) for n, d in runs}, "sample": args.sample,
-                                        "length_penalty": args.length_penalty, "buckets": results,
+                                        "length_penalty": args.length_penalty,
+                                        "no_repeat_ngram": args.no_repeat_ngram, "buckets": results,
                                         "translations": texts}, indent=1))
 
 

@@ -125,12 +125,23 @@ def greedy(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndar
     return {"tokens": np.stack(tokens, 1), "lengths": lengths, "attention": np.stack(aligns, 1)}
 
 
+def _block_repeats(logp: np.ndarray, hyps: list[list[int]], n: int) -> None:
+    """Set logp[k, tok] to -inf where appending tok would repeat an n-gram hyps[k] already holds."""
+    for k, h in enumerate(hyps):
+        tail = h[len(h) - n + 1:] if n > 1 else []  # the n-1 tokens a new n-gram would start with
+        for i in range(len(h) - n + 1):
+            if h[i : i + n - 1] == tail:
+                logp[k, h[i + n - 1]] = -np.inf
+
+
 def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
-                eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0
+                eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0, no_repeat_ngram: int = 0
                 ) -> dict[str, np.ndarray]:
     """Beam search for one input (src [1,S], or a dict of the encoder's inputs with batch 1, as in
     :func:`greedy`); hypotheses are ranked by
     log p / length**length_penalty (``length_penalty`` 0: by log p, with an exact stopping rule).
+    ``no_repeat_ngram`` n > 0 forbids a hypothesis to repeat any token n-gram it already holds
+    (fairseq's and Hugging Face's no_repeat_ngram_size, OpenNMT's block_ngram_repeat): 0, off.
 
     Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float, and
     nbest: up to ``beam`` hypotheses as (tokens, score), best first (the first is tokens, score).
@@ -146,6 +157,8 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     for _ in range(max_len):
         out = step({**state, "y_prev": y})
         logp = out["log_probs"].astype(np.float64)  # [K,V]
+        if no_repeat_ngram:
+            _block_repeats(logp, hyps, no_repeat_ngram)
         vocab = logp.shape[1]
         total = (scores[:, None] + logp).reshape(-1)  # [K*V]
         order = np.argsort(-total, kind="stable")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
@@ -53,6 +55,27 @@ def test_beam_with_length_normalisation_prefers_longer_hypotheses():
                       max_len=6, beam=3, length_penalty=1.0)
     # average log-prob: [eos] log(.39)/1 = -.94; [x, eos] (log .59 + log .30)/2 = -.87; [x, x, eos] -.66 ...
     assert len(out["tokens"]) >= 2 and set(out["tokens"].tolist()) == {3}
+
+
+def test_beam_blocks_repeated_ngrams_only_when_asked():
+    # {0 pad, 1 bos, 2 eos, 3 x, 4 y}: x follows bos or x at .97 and never ends; y ends at .97.
+    loop = np.log(np.array([[.2] * 5, [1e-4, 1e-4, 1e-6, .97, .0298], [.2] * 5, [1e-4, 1e-4, 1e-6, .97, .0298],
+                            [.0099, .0099, .97, .0001, .0101]]))
+
+    def looping_step(feeds):
+        return {"log_probs": loop[feeds["y_prev"]], "new_state": feeds["state"],
+                "attention": np.ones((len(feeds["y_prev"]), 3))}
+
+    def best(n):
+        return beam_search(encoder, looping_step, np.zeros((1, 3), np.int64), np.array([3]), BOS, EOS,
+                           max_len=6, beam=1, length_penalty=0.0, no_repeat_ngram=n)
+
+    assert best(0)["tokens"].tolist() == [3] * 6  # off: x until max_len
+    # Barred from repeating an n-gram, x gives way to y (.0298), which ends.
+    assert best(3)["tokens"].tolist() == [3, 3, 3, 4]
+    assert best(2)["tokens"].tolist() == [3, 3, 4]
+    assert best(1)["tokens"].tolist() == [3, 4]
+    assert np.isclose(best(2)["score"], 3 * np.log(.97) + np.log(.0298))
 
 
 def test_beam_of_one_equals_greedy_on_a_real_model():
@@ -203,3 +226,38 @@ def test_split_rows_pads_the_range_that_ended_earlier_as_the_batch_does():
     assert split["attention"].shape == whole["attention"].shape == (8, 7, 2)
     for i, n in enumerate(lens):
         np.testing.assert_array_equal(split["attention"][i, : n + 1], whole["attention"][i, : n + 1])
+
+
+def test_a_served_translation_bars_repeated_ngrams_exactly_where_its_serving_block_says(tmp_path):
+    import sentencepiece as spm
+
+    from pipeline.serving_meta import serving_meta
+    from serving.kinds.translation import TranslationModel
+    from tests.serving_repo import ENGLISH, GERMAN, TEXTS, _tokenizer
+
+    for side, lines in (("de", GERMAN), ("en", ENGLISH)):
+        _tokenizer(tmp_path / f"spm.{side}.model", lines)
+    sizes = {s: spm.SentencePieceProcessor(model_file=str(tmp_path / f"spm.{s}.model")).get_piece_size()
+             for s in ("de", "en")}
+    torch.manual_seed(0)
+    model = models.build("bahdanau", {**TINY["bahdanau"], "src_vocab": sizes["de"], "tgt_vocab": sizes["en"]}).eval()
+    specs = model.export_graphs()
+    graphs = {name: TorchGraph(specs[name]) for name in ("encoder", "decoder_step")}
+
+    def served(evaluate):
+        meta = serving_meta(model.cfg, sorted(graphs), SimpleNamespace(task="translation_de_en", evaluate=evaluate))
+        return meta, TranslationModel("bahdanau", 1, tmp_path, {"serving": meta}, graphs).translate(TEXTS, "beam", 3)
+
+    plain_meta, plain = served({"beam": 3})
+    assert "no_repeat_ngram" not in plain_meta  # other models' published serving blocks stay as they were
+    meta, barred = served({"beam": 3, "no_repeat_ngram": 2})
+    assert meta["no_repeat_ngram"] == 2
+    for b in barred:
+        src = np.array([b["src"]], dtype=np.int64)  # [1,S]
+        expect = beam_search(graphs["encoder"], graphs["decoder_step"], src, np.array([src.shape[1]]), meta["bos_id"],
+                             meta["eos_id"], meta["max_len"], beam=3, no_repeat_ngram=2)
+        assert b["tokens"] == expect["tokens"].tolist()
+        grams = list(zip(b["tokens"], b["tokens"][1:]))
+        assert len(grams) == len(set(grams))
+    # The untrained model loops: the block changes what is served.
+    assert any(p["tokens"] != b["tokens"] for p, b in zip(plain, barred))

@@ -178,7 +178,8 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     for it in tqdm(items, desc=f"beam {beam} {run.name}", mininterval=5):
         src = np.array([it["src"]], dtype=np.int64)
         beam_out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id,
-                                    cfg.max_len, beam=beam, length_penalty=run.evaluate.get("length_penalty", 1.0)))
+                                    cfg.max_len, beam=beam, length_penalty=run.evaluate.get("length_penalty", 1.0),
+                                    no_repeat_ngram=run.evaluate.get("no_repeat_ngram", 0)))
     refs = [it["tgt_text"] for it in items]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
