@@ -98,6 +98,7 @@ def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured()
     marked = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "†" in line}
     assert marked == {rows[0]["model"] + "†"}, marked
 
+
 def _readme_commands() -> list[list[str]]:
     """Every command line in the README's bash code blocks, split as the shell would (comments off)."""
     import shlex
