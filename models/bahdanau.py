@@ -94,6 +94,13 @@ class Bahdanau(nn.Module):
         self, y_prev: Tensor, state: Tensor, memory: Tensor, keys: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """y_prev [B] int64, state [B,D] -> (logits [B,V], new state [B,D], alignment [B,S'])."""
+        readout, new_state, align = self._readout(y_prev, state, memory, keys, mask)
+        return self.out_proj(readout), new_state, align
+
+    def _readout(
+        self, y_prev: Tensor, state: Tensor, memory: Tensor, keys: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The step up to the vocabulary projection: (dropped maxout t_i [B,O], new state, alignment)."""
         emb = self.drop(self.tgt_embed(y_prev))  # [B,E]
         if self.cfg.attention == "additive":
             context, align = self.attention(state, keys, memory, mask)  # [B,C], [B,S]
@@ -102,17 +109,20 @@ class Bahdanau(nn.Module):
         new_state = self.cell(torch.cat([emb, context], dim=-1), state)  # [B,D]
         t = self.out_state(new_state) + self.out_embed(emb) + self.out_context(context)  # [B,2O]
         t = t.view(t.shape[0], -1, 2).max(dim=-1).values  # [B,O,2] -> [B,O] maxout
-        return self.out_proj(self.drop(t)), new_state, align
+        return self.drop(t), new_state, align
 
     # ---- model contract --------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Teacher-forced cross-entropy over target tokens (padding ignored)."""
         memory, keys, state, mask = self.encode(batch["src"], batch["src_len"])
-        logits = []
+        readouts = []
         for t in range(batch["tgt_in"].shape[1]):
-            step_logits, state, _ = self.step(batch["tgt_in"][:, t], state, memory, keys, mask)
-            logits.append(step_logits)
-        logits = torch.stack(logits, dim=1)  # T x [B,V] -> [B,T,V]
+            readout, state, _ = self._readout(batch["tgt_in"][:, t], state, memory, keys, mask)
+            readouts.append(readout)
+        # The vocabulary projection is most of a step's work and no later step needs it, so it
+        # runs once over all steps: one large matrix product instead of T small ones, and its
+        # weight gradient is one product over B*T rows instead of T accumulated outer products.
+        logits = self.out_proj(torch.stack(readouts, dim=1))  # T x [B,O] -> [B,T,O] -> [B,T,V]
         smoothing = self.cfg.label_smoothing if self.training else 0.0
         loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
         return loss, {"token_acc": acc}

@@ -186,6 +186,34 @@ def test_config_dataclasses_are_typed():
             assert f.type is not None
 
 
+@pytest.mark.parametrize("attention", ["additive", "none"])
+def test_bahdanau_trains_on_the_step_it_exports(attention):
+    """``loss`` projects onto the vocabulary once after the loop; it must still be the loss of the
+    exported ``step`` run step by step, dropout included: the same seed draws the same masks."""
+    from models.layers import token_loss
+    torch.manual_seed(0)
+    model = models.build("bahdanau", {**TINY["bahdanau"], "attention": attention, "dropout": 0.3}).train()
+    batch = tiny_batch("bahdanau")
+    torch.manual_seed(7)
+    loss, _ = model.loss(batch)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    torch.manual_seed(7)
+    memory, keys, state, mask = model.encode(batch["src"], batch["src_len"])
+    logits = []
+    for t in range(batch["tgt_in"].shape[1]):
+        step_logits, state, _ = model.step(batch["tgt_in"][:, t], state, memory, keys, mask)
+        logits.append(step_logits)
+    ref, _ = token_loss(torch.stack(logits, 1), batch["tgt_out"], model.cfg.pad_id,  # T x [B,V] -> [B,T,V]
+                        model.cfg.label_smoothing)
+    ref_grads = torch.autograd.grad(ref, list(model.parameters()), allow_unused=True)
+    assert loss.item() > 1.0  # an untrained model: far from zero, so the comparison means something
+    assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("score,attention,encoder", [
     ("dot", "global", "forward"), ("concat", "local_m", "bidirectional"), ("general", "local_p", "bidirectional"),
     ("general", "global", "reverse_source")])
