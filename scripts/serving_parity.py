@@ -29,7 +29,7 @@ from pipeline.tasks import get_task  # noqa: E402
 from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving.client import Client  # noqa: E402
-from serving.decode import beam_search  # noqa: E402
+from serving.decode import beam_search, search_options  # noqa: E402
 
 
 def translation(client: Client, name: str, n: int) -> bool:
@@ -58,7 +58,7 @@ def translation(client: Client, name: str, n: int) -> bool:
         (res,) = client.translate(name, [it["src_text"]], "beam")
         src = np.array([it["src"]], dtype=np.int64)
         ref = beam_search(enc, step, src, np.array([src.shape[1]]), model.cfg.bos_id, model.cfg.eos_id,
-                          model.cfg.max_len, beam=beam)
+                          model.cfg.max_len, beam=beam, **search_options(run.evaluate))
         same = res["translation"] == en.decode(ref["tokens"].tolist())
         beam_same += same
         if same:

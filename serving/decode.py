@@ -16,7 +16,7 @@ initial state; ``step`` takes ``x`` [B,I] and the state X, returns ``logits`` an
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -134,6 +134,14 @@ def _block_repeats(logp: np.ndarray, hyps: list[list[int]], n: int) -> None:
                 logp[k, h[i + n - 1]] = -np.inf
 
 
+def search_options(settings: Mapping) -> dict:
+    """:func:`beam_search`'s ranking options from an entry's ``evaluate`` params or from a version's
+    serving block, which ``pipeline/serving_meta.py`` copies from them: read in this one place, so
+    a task's evaluation, the scripts and the server search with the same settings."""
+    return {"length_penalty": float(settings.get("length_penalty", 1.0)),
+            "no_repeat_ngram": int(settings.get("no_repeat_ngram", 0))}
+
+
 def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
                 eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0, no_repeat_ngram: int = 0
                 ) -> dict[str, np.ndarray]:
@@ -216,7 +224,7 @@ def transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singl
                 for i in range(len(singles))]
     return [(b["tokens"], b["attention"]) for b in (
         beam_search(encoder, step, feeds, None, s["bos_id"], s["eos_id"], s["max_len"], beam=beam,
-                           length_penalty=s.get("length_penalty", 1.0)) for feeds in singles)]
+                    **search_options(s)) for feeds in singles)]
 
 
 def glimpses(start: Graph, step: Graph, image: np.ndarray, count: int) -> dict[str, np.ndarray]:

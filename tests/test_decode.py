@@ -261,3 +261,20 @@ def test_a_served_translation_bars_repeated_ngrams_exactly_where_its_serving_blo
         assert len(grams) == len(set(grams))
     # The untrained model loops: the block changes what is served.
     assert any(p["tokens"] != b["tokens"] for p, b in zip(plain, barred))
+
+
+def test_evaluation_and_the_server_read_one_set_of_search_options():
+    """``evaluate@`` reads an entry's ``evaluate`` params, the server the serving block that
+    ``serving_meta`` writes from them: ``search_options`` must read both alike."""
+    from pipeline.serving_meta import serving_meta
+    from serving.decode import search_options
+
+    cfg = models.build("bahdanau", TINY["bahdanau"]).cfg
+    cases = [({}, {"length_penalty": 1.0, "no_repeat_ngram": 0}),
+             ({"beam": 3, "length_penalty": 0}, {"length_penalty": 0.0, "no_repeat_ngram": 0}),
+             ({"beam": 5, "length_penalty": 0.5, "no_repeat_ngram": 3}, {"length_penalty": 0.5, "no_repeat_ngram": 3})]
+    for evaluate, expected in cases:
+        run = SimpleNamespace(task="translation_de_en", evaluate=evaluate)
+        block = serving_meta(cfg, ["decoder_step", "encoder"], run)
+        assert search_options(evaluate) == expected
+        assert search_options(block) == expected

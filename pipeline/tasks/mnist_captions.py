@@ -216,7 +216,7 @@ def evaluate_captions(model, run, plots: Path, task: MnistCaptionsTask) -> tuple
 
     from pipeline import plots as P
     from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search
+    from serving.decode import beam_search, search_options
 
     items = task.load(run.data_dir, "test")
     limit = run.evaluate.get("max_images")
@@ -236,7 +236,8 @@ def evaluate_captions(model, run, plots: Path, task: MnistCaptionsTask) -> tuple
     beam_words = []
     for it in tqdm(items, desc=f"beam {beam} {run.name}", mininterval=5):
         image = (it["image"][None].astype(np.float32) / 255.0)  # [1,H,W]
-        r = beam_search(enc, step, {"image": image}, None, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=beam)
+        r = beam_search(enc, step, {"image": image}, None, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=beam,
+                        **search_options(run.evaluate))
         beam_words.append([WORDS[t] for t in r["tokens"].tolist()])
     refs = [it["caption"] for it in items]
     hyp_greedy = [" ".join(w) for w in greedy_words]

@@ -38,9 +38,9 @@ def greedy_texts(model, task, items: list[dict], vocab: list[str], batch: int = 
 
 
 def beam_texts(model, task, items: list[dict], vocab: list[str], beam: int, desc: str,
-               length_penalty: float = 1.0) -> list[str]:
-    """Beam-search transcripts through the export graphs' PyTorch twins (the serving loop), ranked
-    by log p / length**length_penalty as the server ranks them."""
+               options: dict | None = None) -> list[str]:
+    """Beam-search transcripts through the export graphs' PyTorch twins (the serving loop), with the
+    ranking ``options`` of ``serving.decode.search_options``, as the server ranks them."""
     from tqdm.auto import tqdm
 
     from pipeline.graphs import TorchGraph
@@ -54,7 +54,7 @@ def beam_texts(model, task, items: list[dict], vocab: list[str], beam: int, desc
     for it in tqdm(items, desc=desc, mininterval=5):
         feeds = {k: v.numpy() for k, v in task.collate([it]).items() if k in names}
         r = beam_search(enc, step, feeds, None, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=beam,
-                        length_penalty=length_penalty)
+                        **(options or {}))
         texts.append("".join(vocab[t] for t in r["tokens"].tolist()))
     return texts
 
@@ -65,8 +65,10 @@ def score_set(model, run, task, items: list[dict], vocab: list[str], group: str,
     reference length. Returns (metrics, greedy texts, greedy attention maps)."""
     refs = [it["text"] for it in items]
     greedy, maps = greedy_texts(model, task, items, vocab)
-    penalty = run.evaluate.get("length_penalty", 1.0)
-    beamed = (beam_texts(model, task, items, vocab, beam, f"beam {beam} {run.name} {label}", penalty)
+    from serving.decode import search_options
+
+    beamed = (beam_texts(model, task, items, vocab, beam, f"beam {beam} {run.name} {label}",
+                         search_options(run.evaluate))
               if beam > 1 else greedy)
     metrics = {
         "seq_acc_greedy": round(100 * float(np.mean([h == r for h, r in zip(greedy, refs)])), 2),

@@ -150,7 +150,7 @@ def evaluate_pointer(task: PointerTask, model, run, plots: Path) -> tuple[dict, 
         for it in items[:beam_limit]:
             src = it["points"].numpy()[None]
             r = decode.beam_search(enc, step, src, np.array([len(it["points"])]), 0, 0, len(it["points"]) + 1, beam,
-                                   length_penalty=float(run.evaluate.get("length_penalty", 1.0)))
+                                   **decode.search_options(run.evaluate))
             hits += exact(r["tokens"].tolist(), it["target"][:-1].tolist())
         beam_acc[str(n)] = round(hits / min(len(items), beam_limit), 4)
         metrics["test_examples"][str(n)] = len(items)

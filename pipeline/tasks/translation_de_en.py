@@ -162,7 +162,7 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
 
     from pipeline import plots as P
     from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search
+    from serving.decode import beam_search, search_options
 
     task = TranslationTask()
     items = task.load(run.data_dir, "test")
@@ -178,8 +178,7 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     for it in tqdm(items, desc=f"beam {beam} {run.name}", mininterval=5):
         src = np.array([it["src"]], dtype=np.int64)
         beam_out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id,
-                                    cfg.max_len, beam=beam, length_penalty=run.evaluate.get("length_penalty", 1.0),
-                                    no_repeat_ngram=run.evaluate.get("no_repeat_ngram", 0)))
+                                    cfg.max_len, beam=beam, **search_options(run.evaluate)))
     refs = [it["tgt_text"] for it in items]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()

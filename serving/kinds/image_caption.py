@@ -48,7 +48,7 @@ class CaptionModel(ServedModel):
                 found.append((r["tokens"][i, :k], r["attention"][i, : min(k + 1, r["attention"].shape[1])]))
         for i in range(n if mode == "beam" else 0):
             b = decode.beam_search(self.encoder, self.step, {"image": images[i : i + 1]}, None, s["bos_id"],
-                                   s["eos_id"], s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0))
+                                   s["eos_id"], s["max_len"], beam=beam, **decode.search_options(s))
             found.append((b["tokens"], b["attention"]))
         rows = max((a.shape[0] for _, a in found), default=0)
         regions = found[0][1].shape[1] if found else 0

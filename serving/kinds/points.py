@@ -54,7 +54,7 @@ class PointerModel(ServedModel):
             found = []
             for i in range(sets):
                 b = decode.beam_search(self.encoder, self.step, points[i : i + 1], lens[:1], s["bos_id"],
-                                       s["eos_id"], n + 1, beam=beam, length_penalty=s.get("length_penalty", 1.0))
+                                       s["eos_id"], n + 1, beam=beam, **decode.search_options(s))
                 found.append((b["tokens"], b["attention"]))
         for i, (tokens, dist) in enumerate(found):
             lengths[i] = len(tokens)

@@ -53,8 +53,7 @@ class TranslationModel(ServedModel):
             for src in srcs:
                 r = decode.beam_search(self.encoder, self.step, np.array([src], dtype=np.int64),
                                        np.array([len(src)], dtype=np.int64), s["bos_id"], s["eos_id"],
-                                       s["max_len"], beam=beam, length_penalty=s.get("length_penalty", 1.0),
-                                       no_repeat_ngram=s.get("no_repeat_ngram", 0))
+                                       s["max_len"], beam=beam, **decode.search_options(s))
                 out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src,
                             "nbest": [(t.tolist(), score) for t, score in r["nbest"]]})
             return out
