@@ -4,7 +4,11 @@ Align and Translate" (arXiv:1409.0473).
 Bidirectional GRU encoder (annotations h_j = [h→_j; h←_j]), GRU decoder whose state follows
 s_i = f(s_{i-1}, y_{i-1}, c_i) with context c_i = Σ_j α_ij h_j from additive attention
 (eqs. 5-6), initial state s_0 = tanh(W_s h←_1) and a deep maxout output layer (appendix A.2.2).
-``attention: none`` is the paper's RNNencdec ablation: one fixed context vector for every step.
+``attention: none`` is the paper's RNNencdec ablation (Cho et al. 2014, the encoder-decoder the
+paper compares against in Fig. 2): a forward GRU reads the source, c = tanh(V h_S) is one fixed
+context for every step and s_0 = tanh(V' c). It has no backward encoder: that half of RNNsearch
+exists to give the attention annotations of both directions, and with it the summary would hold
+the sentence's start as fresh as its end, which is what the fixed-vector baseline is meant to lack.
 
 Dimension legend
     B batch, S source length, T target length, E embedding, H encoder hidden (per direction),
@@ -51,13 +55,15 @@ class Bahdanau(nn.Module):
         self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
         self.enc_fwd = nn.GRU(cfg.emb_dim, cfg.enc_hidden, batch_first=True)
-        self.enc_bwd = nn.GRU(cfg.emb_dim, cfg.enc_hidden, batch_first=True)
-        self.init_state = nn.Linear(cfg.enc_hidden, cfg.dec_hidden)
         if cfg.attention == "additive":
+            self.enc_bwd = nn.GRU(cfg.emb_dim, cfg.enc_hidden, batch_first=True)
+            self.init_state = nn.Linear(cfg.enc_hidden, cfg.dec_hidden)  # s_0 = tanh(W_s h←_1)
             self.attention = AdditiveAttention(cfg.dec_hidden, ctx, cfg.attn_dim)
         else:
-            # RNNencdec: c = tanh(W [h→_S; h←_1]) summarises the whole sentence.
-            self.summary = nn.Linear(ctx, ctx)
+            # RNNencdec: c = tanh(V h→_S) sized like an annotation, so both variants share the
+            # decoder; s_0 = tanh(V' c).
+            self.summary = nn.Linear(cfg.enc_hidden, ctx)
+            self.init_state = nn.Linear(ctx, cfg.dec_hidden)
         self.cell = nn.GRUCell(cfg.emb_dim + ctx, cfg.dec_hidden)
         # Deep output t̃_i = U_o s_i + V_o E y_{i-1} + C_o c_i, then maxout over pairs (A.2.2).
         self.out_state = nn.Linear(cfg.dec_hidden, 2 * cfg.maxout_dim)
@@ -77,17 +83,18 @@ class Bahdanau(nn.Module):
         mask = (steps < src_len.unsqueeze(1)).float()  # [B,S]
         emb = self.drop(self.src_embed(src))  # [B,S,E]
         fwd, _ = self.enc_fwd(emb)  # [B,S,H]
+        if self.cfg.attention == "none":
+            last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, fwd.shape[2])  # [B,1,H]
+            fwd_last = fwd.gather(1, last).squeeze(1)  # [B,S,H] -> [B,H], h→ at the last real token
+            summary = torch.tanh(self.summary(fwd_last))  # [B,C]
+            s0 = torch.tanh(self.init_state(summary))  # [B,D]
+            memory = summary.unsqueeze(1)  # [B,C] -> [B,1,C]
+            return memory, memory, s0, mask[:, :1]
         bwd_rev, _ = self.enc_bwd(reverse_padded(emb, src_len))  # [B,S,H]
         bwd = reverse_padded(bwd_rev, src_len)  # [B,S,H], position j holds h←_j
         annotations = torch.cat([fwd, bwd], dim=-1)  # [B,S,C]
         s0 = torch.tanh(self.init_state(bwd[:, 0]))  # [B,D]
-        if self.cfg.attention == "additive":
-            return annotations, self.attention.project_keys(annotations), s0, mask
-        last = (src_len - 1).view(-1, 1, 1).expand(-1, 1, fwd.shape[2])  # [B,1,H]
-        fwd_last = fwd.gather(1, last).squeeze(1)  # [B,H]
-        summary = torch.tanh(self.summary(torch.cat([fwd_last, bwd[:, 0]], dim=-1)))  # [B,C]
-        memory = summary.unsqueeze(1)  # [B,1,C]
-        return memory, memory, s0, mask[:, :1]
+        return annotations, self.attention.project_keys(annotations), s0, mask
 
     # ---- one decoder step ------------------------------------------------------------------
     def step(

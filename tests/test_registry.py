@@ -214,6 +214,30 @@ def test_bahdanau_trains_on_the_step_it_exports(attention):
             assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_rnnencdec_ablation_is_a_forward_encoder_and_one_fixed_context(tmp_path):
+    """``attention: none`` is Cho et al.'s encoder-decoder, the paper's Fig. 2 baseline: a forward
+    GRU, c = tanh(V h→_S) at the last real token, s_0 = tanh(V' c), and no backward encoder."""
+    torch.manual_seed(0)
+    model = models.build("bahdanau", {**TINY["bahdanau"], "attention": "none"}).eval()
+    assert not hasattr(model, "enc_bwd")
+    batch = tiny_batch("bahdanau", batch=3)
+    src, src_len = batch["src"], batch["src_len"]
+    memory, keys, s0, mask = model.encode(src, src_len)
+    fwd, _ = model.enc_fwd(model.src_embed(src))  # [B,S,H]
+    h_last = fwd[torch.arange(src.shape[0]), src_len - 1]  # [B,H]
+    c = torch.tanh(model.summary(h_last))  # [B,C]
+    assert memory.shape == (3, 1, c.shape[1]) and torch.equal(memory, keys)
+    assert_close(memory[:, 0], c)
+    assert_close(s0, torch.tanh(model.init_state(c)))
+    # Padding after the sentence changes nothing: the summary is read at the last real token.
+    padded = torch.cat([src, torch.full((3, 4), model.cfg.pad_id)], dim=1)  # [B,S+4]
+    assert_close(model.encode(padded, src_len)[0], memory)
+    export_onnx(model, tmp_path)
+    cases = [(f"batch {b}", tiny_batch("bahdanau", seed=b, batch=b)) for b in (1, 3)]
+    report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
+    assert report["passed"], report
+
+
 @pytest.mark.parametrize("score,attention,encoder", [
     ("dot", "global", "forward"), ("concat", "local_m", "bidirectional"), ("general", "local_p", "bidirectional"),
     ("general", "global", "reverse_source")])
