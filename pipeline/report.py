@@ -45,6 +45,7 @@ def report(task: str, root: Path = ROOT) -> str:
     lines += ["", f"## {spec['metric']} by {spec['xlabel']}", "",
               "| model | " + " | ".join(spec["labels"]) + " |", "|---|" + "---|" * len(spec["labels"])]
     lines += [f"| {r['model']} | " + " | ".join(str(v) for v in r["by_length"]["values"]) + " |" for r in rows]
+    lines += ablation_gaps(rows)
     if spec.get("counts"):  # how many test items each bucket holds (same for every model)
         lines.append("| *test items* | " + " | ".join(str(v) for v in spec["counts"]) + " |")
     lines += ["", f"![by length]({task}_by_length.png)", ""]
@@ -54,6 +55,21 @@ def report(task: str, root: Path = ROOT) -> str:
     text = "\n".join(lines)
     (out / f"{task}.md").write_text(text)
     return text
+
+
+def ablation_gaps(rows: list[dict]) -> list[str]:
+    """A row per model whose ``attention: none`` ablation is in the task (params.yaml names it
+    ``<model>_none``): the model minus the ablation per bucket, the quantity of Bahdanau's Fig. 2,
+    which should grow with source length if attention is what holds long sentences."""
+    by_name = {r["model"]: r for r in rows}
+    lines = []
+    for r in rows:
+        ablation = by_name.get(f"{r['model']}_none")
+        if ablation is None or ablation["arch"] != r["arch"]:
+            continue
+        gaps = [round(a - b, 2) for a, b in zip(r["by_length"]["values"], ablation["by_length"]["values"])]
+        lines.append(f"| *{r['model']} − {ablation['model']}* | " + " | ".join(str(g) for g in gaps) + " |")
+    return lines
 
 
 def by_group(rows: list[dict]) -> list[str]:

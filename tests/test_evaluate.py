@@ -42,6 +42,19 @@ def test_report_tables_and_plot(tmp_path):
     assert (tmp_path / "reports" / "t_by_length.png").stat().st_size > 1000
 
 
+def test_report_shows_each_model_minus_its_attention_none_ablation_by_length(tmp_path):
+    """Bahdanau's Fig. 2 as numbers: ``<model>_none`` is ``<model>``'s ablation; a model of another
+    architecture with that name is not."""
+    write_rows(tmp_path)
+    rows = tmp_path / "results" / "t"
+    (rows / "b.json").rename(rows / "a_none.json")
+    row = json.loads((rows / "a_none.json").read_text())
+    (rows / "a_none.json").write_text(json.dumps({**row, "model": "a_none"}))
+    assert "| *a − a_none* | 2.0 | 7.0 |" in report("t", root=tmp_path)
+    (rows / "a_none.json").write_text(json.dumps({**row, "model": "a_none", "arch": "luong"}))
+    assert "a − a_none" not in report("t", root=tmp_path)
+
+
 def test_the_report_stage_logs_its_table_and_plot_to_mlflow(tmp_path, monkeypatch, capsys):
     import mlflow
 
