@@ -16,7 +16,8 @@
 
 ``--device cpu`` runs the same checks on the CPU (CPU execution provider, fp32 training): a rehearsal
 of the code path on a machine without a GPU, not a GPU figure.
-Writes ``docs/gpu_check.json`` with ``--write``; prints a Markdown summary.
+Writes ``docs/gpu_check/<device>.json`` with ``--write`` (one file per device, so a run on another GPU
+keeps the last one's figures); prints a Markdown summary.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def peak_flops(device_name: str, override_tflops: float | None) -> float | None:
         if key in device_name:
             return value
     return None
+
+
+def report_path(root: Path, device_name: str) -> Path:
+    """Where ``--write`` puts the report of a run on ``device_name``: 'NVIDIA H100 80GB HBM3' ->
+    docs/gpu_check/nvidia-h100-80gb-hbm3.json."""
+    slug = "-".join("".join(c if c.isalnum() else " " for c in device_name.lower()).split())
+    return root / "docs" / "gpu_check" / f"{slug or 'device'}.json"
 
 
 def trained_models(root: Path) -> list[str]:
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=300, help="Transformer training steps")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, if not known")
-    ap.add_argument("--write", action="store_true", help="write docs/gpu_check.json")
+    ap.add_argument("--write", action="store_true", help="write docs/gpu_check/<device>.json")
     args = ap.parse_args(argv)
     import onnxruntime as ort
     import torch
@@ -264,7 +272,10 @@ def main(argv: list[str] | None = None) -> None:
     report["train"] = train_transformer(ROOT, args.device, args.steps, peak_flops(name, args.peak_tflops))
     print("\n".join(summary_lines(report, list(settings))))
     if args.write:
-        (ROOT / "docs" / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        path = report_path(ROOT, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
     # The gate is the fp32 one (its tolerances are fp32's, and the server runs fp32); the TF32 rows
     # show what onnxruntime's own default would answer, reported beside it.
     if not all(report["parity"]["fp32"][m]["passed"] for m in names):
