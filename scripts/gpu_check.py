@@ -250,7 +250,7 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--steps", type=int, default=300, help="Transformer training steps")
+    ap.add_argument("--steps", type=int, default=300, help="Transformer training steps (0: no training)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, if not known")
     ap.add_argument("--write", action="store_true", help="write docs/gpu_check/<device>.json")
@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
         report["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
     report["timing"] = timing(names, ROOT, args.device, args.repeats, settings)
-    report["train"] = train_transformer(ROOT, args.device, args.steps, peak_flops(name, args.peak_tflops))
+    # --steps 0: parity and timing only (a second run for more models need not train again)
+    report["train"] = (train_transformer(ROOT, args.device, args.steps, peak_flops(name, args.peak_tflops))
+                       if args.steps > 0 else None)
     print("\n".join(summary_lines(report, list(settings))))
     if args.write:
         path = report_path(ROOT, name)
@@ -306,6 +308,8 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
                 f"{t[b][f'onnxruntime_{s}']:.2f} | {torch_ms / t[b][f'onnxruntime_{s}']:.2f}" for s in settings))
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     tr = report["train"]
+    if tr is None:
+        return lines + ["", "Transformer training: not run (--steps 0)"]
     lines += ["", f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, batch "
               f"{tr['batch_size']}: {tr['tokens_per_s']:,} tokens/s in the steady state "
               f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"

@@ -83,6 +83,8 @@ def test_summary_lines_show_both_settings_and_the_ratios():
     assert "| m | 7.00 | 3.50 | 2.00 | 2.00 | 3.50 | 8.00 | 16.00 | 0.50 | 10.00 | 0.80 |" in lines
     assert lines[-1] == ("Transformer (7,582,624 parameters), 400 steps, bf16, batch 64: 43,899 tokens/s in the "
                          "steady state (17,837 over the whole run of 36.6 s), MFU 0.20%")
+    report["train"] = None  # --steps 0
+    assert gpu_check.summary_lines(report, ["fp32", "tf32"])[-1] == "Transformer training: not run (--steps 0)"
 
 
 def test_each_device_writes_a_report_of_its_own():
