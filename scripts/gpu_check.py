@@ -17,7 +17,8 @@
 ``--device cpu`` runs the same checks on the CPU (CPU execution provider, fp32 training): a rehearsal
 of the code path on a machine without a GPU, not a GPU figure.
 Writes ``docs/gpu_check/<device>.json`` with ``--write`` (one file per device, so a run on another GPU
-keeps the last one's figures); prints a Markdown summary.
+keeps the last one's figures; a run for other models on the same device adds its rows); prints a
+Markdown summary.
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def report_path(root: Path, device_name: str) -> Path:
     docs/gpu_check/nvidia-h100-80gb-hbm3.json."""
     slug = "-".join("".join(c if c.isalnum() else " " for c in device_name.lower()).split())
     return root / "docs" / "gpu_check" / f"{slug or 'device'}.json"
+
+
+def merged(old: dict | None, new: dict) -> dict:
+    """``new`` added to an earlier report of the same device: a checkout seldom holds every model (its
+    DVC cache holds what it trained), so runs for other models add their rows; a model's rows and the
+    training are replaced only by a run that measured them."""
+    if not old or old.get("device") != new["device"]:
+        return new
+    out = {**old, "onnxruntime": new["onnxruntime"], "torch": new["torch"]}
+    out["models"] = list(dict.fromkeys(old["models"] + new["models"]))
+    out["parity"] = {s: {**old["parity"].get(s, {}), **rows} for s, rows in new["parity"].items()}
+    out["timing"] = {**old["timing"], **new["timing"]}
+    if new.get("train") is not None:
+        out["train"] = new["train"]
+    return out
 
 
 def trained_models(root: Path) -> list[str]:
@@ -276,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.write:
         path = report_path(ROOT, name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        earlier = json.loads(path.read_text()) if path.exists() else None
+        path.write_text(json.dumps(merged(earlier, report), indent=1) + "\n")
         print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
     # The gate is the fp32 one (its tolerances are fp32's, and the server runs fp32); the TF32 rows
     # show what onnxruntime's own default would answer, reported beside it.

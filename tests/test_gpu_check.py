@@ -91,3 +91,20 @@ def test_each_device_writes_a_report_of_its_own():
     assert gpu_check.report_path(ROOT, "NVIDIA H100 80GB HBM3") == ROOT / "docs/gpu_check/nvidia-h100-80gb-hbm3.json"
     assert gpu_check.report_path(ROOT, "NVIDIA H200") == ROOT / "docs/gpu_check/nvidia-h200.json"
     assert gpu_check.report_path(ROOT, "cpu") == ROOT / "docs/gpu_check/cpu.json"
+
+
+def test_a_run_for_other_models_on_the_same_device_adds_its_rows():
+    def report(device, models, train):
+        return {"device": device, "onnxruntime": "1.31.1", "torch": "2.11.0", "models": models,
+                "parity": {"fp32": {m: {"passed": True, "max_abs": i * 1e-5} for i, m in enumerate(models, 1)}},
+                "timing": {m: {"1": {"pytorch": 2.0 * i}} for i, m in enumerate(models, 1)}, "train": train}
+
+    first = report("NVIDIA H200", ["luong_concat", "transformer"], {"tokens_per_s": 32412})
+    second = report("NVIDIA H200", ["bahdanau", "transformer"], None)  # --steps 0
+    out = gpu_check.merged(first, second)
+    assert out["models"] == ["luong_concat", "transformer", "bahdanau"]
+    assert out["parity"]["fp32"] == {"luong_concat": {"passed": True, "max_abs": 1e-5},
+                                     "transformer": {"passed": True, "max_abs": 2e-5},  # the second run's row
+                                     "bahdanau": {"passed": True, "max_abs": 1e-5}}
+    assert out["timing"]["transformer"] == {"1": {"pytorch": 4.0}} and out["train"] == {"tokens_per_s": 32412}
+    assert gpu_check.merged(first, report("NVIDIA H100", ["bahdanau"], None))["models"] == ["bahdanau"]
