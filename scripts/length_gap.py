@@ -6,6 +6,7 @@ sentence length, as in Bahdanau et al.'s Fig. 2.
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau bahdanau_none=/tmp/lr/bahdanau_none
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --length-penalty 0.5
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --coverage 0.2 0.4 1.0
+    python scripts/length_gap.py bahdanau bahdanau_none --sample all --no-repeat-ngram 3 --bootstrap 1000 --jobs 2
 
 Each run's ``checkpoint/best`` decodes with beam 5 through ``serving.decode.beam_search``, exactly as
 ``evaluate@`` does, over ``--sample long`` (default: every test sentence of 21+ words and every fourth
@@ -23,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +121,43 @@ def buckets(ids: list[int], items: list[dict], hyps: dict[int, str]) -> list[dic
     return rows
 
 
+def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, str], resamples: int,
+                  seed: int = 0) -> dict:
+    """Paired bootstrap (Koehn 2004) of how the gap A - B on the longest bucket compares with the gap on
+    the shortest: each resample draws the sentences of both buckets with replacement, the same ones
+    for A and B, and scores them with sacrebleu's corpus BLEU from summed sentence statistics.
+    Returns the measured difference, its 95 % interval and the share of resamples where it is > 0."""
+    from sacrebleu.metrics import BLEU
+
+    from pipeline.tasks.translation_de_en import _buckets
+
+    bleu = BLEU()  # corpus_bleu's defaults: 13a, exp smoothing
+
+    def stats(hyps: dict[int, str], sel: list[int]) -> np.ndarray:  # [N,10]: lengths, matches, totals
+        return np.array(bleu._extract_corpus_statistics([hyps[i] for i in sel], [[items[i]["tgt_text"] for i in sel]]))
+
+    def score(summed: np.ndarray) -> float:
+        return bleu._compute_score_from_stats(summed.tolist()).score
+
+    spans = [(label, [i for i in hyps_a if low <= len(items[i]["src_text"].split()) <= high])
+             for label, low, high in _buckets(EDGES)]
+    (short, s_ids), (long_, l_ids) = spans[0], spans[-1]
+    sa, sb, la, lb = stats(hyps_a, s_ids), stats(hyps_b, s_ids), stats(hyps_a, l_ids), stats(hyps_b, l_ids)
+
+    def diff(s_rows, l_rows) -> float:
+        long_gap = score(la[l_rows].sum(0)) - score(lb[l_rows].sum(0))
+        return long_gap - (score(sa[s_rows].sum(0)) - score(sb[s_rows].sum(0)))
+
+    rng = np.random.default_rng(seed)
+    draws = np.array([diff(rng.integers(0, len(s_ids), len(s_ids)), rng.integers(0, len(l_ids), len(l_ids)))
+                      for _ in range(resamples)])
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {"short": short, "long": long_, "sentences": [len(s_ids), len(l_ids)],
+            "difference": round(diff(np.arange(len(s_ids)), np.arange(len(l_ids))), 2),
+            "interval95": [round(float(low), 2), round(float(high), 2)],
+            "share_above_0": round(float(np.mean(draws > 0)), 3), "resamples": resamples}
+
+
 def markdown(results: dict[str, list[dict]], gap: tuple[str, str] | None) -> str:
     """One row per bucket: each run's BLEU (brevity penalty, share repeating a 3-gram), then gap[0] - gap[1]."""
     names = list(results)
@@ -147,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="also re-rank the n-best with GNMT's coverage penalty at these weights")
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences of the sample (a quick look)")
     ap.add_argument("--out", type=Path, help="write every bucket and translation here as JSON")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                    help="N paired bootstrap resamples of (gap on the longest bucket) - (gap on the shortest)")
+    ap.add_argument("--jobs", type=int, default=1, help="decode this many runs at once (one thread each)")
     args = ap.parse_args(argv)
 
     from pipeline.config import resolve
@@ -161,8 +203,10 @@ def main(argv: list[str] | None = None) -> None:
     items = TranslationTask().load(resolve(runs[0][0]).data_dir, "test")
     ids = sample(items, args.sample)[: args.limit or None]
     results, texts, started = {}, {}, time.monotonic()
-    for name, run_dir in runs:
-        hyps = decode(name, run_dir, ids, items, args.length_penalty, args.coverage, args.no_repeat_ngram)
+    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(runs)))) as pool:
+        decoded = pool.map(decode, *zip(*[(name, run_dir, ids, items, args.length_penalty, args.coverage,
+                                            args.no_repeat_ngram) for name, run_dir in runs]))
+    for (name, _), hyps in zip(runs, decoded):
         for beta, by_item in hyps.items():
             label = name if beta == 0 else f"{name} coverage {beta:g}"
             results[label], texts[label] = buckets(ids, items, by_item), by_item
@@ -170,10 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{len(ids)} test sentences, beam 5, length penalty {args.length_penalty:g}, "
           f"no repeated {args.no_repeat_ngram or '-'}-gram, "
           f"{time.monotonic() - started:.0f} s")
+    boot = None
+    if args.bootstrap and len(runs) > 1:
+        boot = gap_bootstrap(items, texts[runs[0][0]], texts[runs[1][0]], args.bootstrap)
+        print(f"\ngap on {boot['long']} words minus gap on {boot['short']} words: {boot['difference']:.2f} BLEU, "
+              f"95 % interval {boot['interval95'][0]:.2f} to {boot['interval95'][1]:.2f}, > 0 in "
+              f"{boot['share_above_0']:.1%} of {boot['resamples']} paired resamples")
     if args.out:
         args.out.write_text(json.dumps({"runs": {n: str(d) for n, d in runs}, "sample": args.sample,
                                         "length_penalty": args.length_penalty,
                                         "no_repeat_ngram": args.no_repeat_ngram, "buckets": results,
+                                        "bootstrap": boot,
                                         "translations": texts}, indent=1))
 
 

@@ -1,0 +1,41 @@
+"""scripts/length_gap.py's paired bootstrap of the length gap, on hand-made translations (no decoding)."""
+
+from __future__ import annotations
+
+import sys
+
+import sacrebleu
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import length_gap  # noqa: E402
+
+SHORT = ["the file is saved now", "press the key to quit", "open the menu again", "close all open windows"]
+LONG = [" ".join(f"word{j} of sentence {k} in the long bucket" for j in range(4)) for k in range(4)]  # 32 words
+
+
+def items() -> list[dict]:
+    # The German side only sets the bucket (its word count); the reference is the English.
+    return [{"src_text": " ".join(["x"] * (5 if i < 4 else 30)), "tgt_text": text}
+            for i, text in enumerate(SHORT + LONG)]
+
+
+def test_the_gap_difference_is_corpus_bleu_per_bucket_and_its_interval_holds_it():
+    its = items()
+    refs = {i: it["tgt_text"] for i, it in enumerate(its)}
+    # A: right everywhere but one short sentence; B: right on short sentences, half of each long one lost.
+    a = {**refs, 0: "the file was saved"}
+    b = {i: (t if i < 4 else " ".join(t.split()[:16])) for i, t in refs.items()}
+    got = length_gap.gap_bootstrap(its, a, b, resamples=200)
+
+    def bleu(hyps, ids):
+        return sacrebleu.corpus_bleu([hyps[i] for i in ids], [[refs[i] for i in ids]]).score
+
+    short, long_ = range(4), range(4, 8)
+    expected = (bleu(a, long_) - bleu(b, long_)) - (bleu(a, short) - bleu(b, short))
+    assert (got["short"], got["long"], got["sentences"]) == ("1-10", "25+", [4, 4])
+    assert abs(got["difference"] - expected) < 0.01 and got["difference"] > 0
+    low, high = got["interval95"]
+    assert low <= got["difference"] <= high and 0 <= got["share_above_0"] <= 1
+    assert got == length_gap.gap_bootstrap(its, a, b, resamples=200)  # seeded: the same interval again
