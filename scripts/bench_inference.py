@@ -171,29 +171,40 @@ def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int, 
             "int8_same": round(float(np.mean(same)), 3)}
 
 
+def benched(name: str, root: Path) -> tuple[Path, object, dict, dict, dict[int, list[dict]]]:
+    """What the benchmark runs for ``name``: (its served graph folder, the PyTorch model of
+    ``runs/<name>/checkpoint/best``, the graph specs, the loop's meta, the parity cases by batch size)."""
+    from pipeline.checkpoint import load_model
+    from pipeline.config import resolve
+    from pipeline.tasks import get_task
+
+    run = resolve(name, root=root)
+    model, _ = load_model(run.run_dir / "checkpoint" / "best")
+    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+    cases = get_task(run.task).model_parity_batches(model, run.data_dir)
+    return latest_graphs(name, root), model, model.export_graphs(), meta, batch_groups(cases)
+
+
+def int8_graphs(name: str, root: Path, folder: Path, specs: dict, out: Path) -> None:
+    """The int8 variant quantize@<name> makes (runs/<name>/int8), remade into ``out`` from ``folder``."""
+    from pipeline.config import load_params
+    from pipeline.quantize import quantize_graphs, settings
+
+    quantize_graphs(folder, list(specs), out, settings(name, load_params(root))["op_types"])
+
+
 def bench_model(name: str, root: Path, threads: list[int], repeats: int) -> dict:
     """One entry at each thread count: ``{"model", "loop", "by_threads": {t: {"loop_ms", "graphs",
     "int8_same"}}}`` (t threads each: see the module docstring)."""
     import torch
 
-    from pipeline.checkpoint import load_model
-    from pipeline.config import load_params, resolve
     from pipeline.graphs import loop_kind
-    from pipeline.quantize import quantize_graphs, settings
-    from pipeline.tasks import get_task
     from serving.runtime import OrtGraph
 
-    run = resolve(name, root=root)
-    folder = latest_graphs(name, root)
-    model, _ = load_model(run.run_dir / "checkpoint" / "best")
-    specs = model.export_graphs()
-    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
-    cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-    batches = batch_groups(cases)
+    folder, model, specs, meta, batches = benched(name, root)
     row = {"model": name, "loop": loop_kind(specs), "by_threads": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        # the int8 variant quantize@<model> makes (runs/<name>/int8), remade here from the graphs timed
-        quantize_graphs(folder, list(specs), Path(tmp), settings(name, load_params(root))["op_types"])
+        int8_graphs(name, root, folder, specs, Path(tmp))
         for t in threads:
             torch.set_num_threads(t)
             # As the server runs them: a looping model's sessions with one intra-op thread each and

@@ -35,29 +35,20 @@ class Counted:
 
 def step_calls(name: str, root: Path = ROOT) -> dict[str, list[int]]:
     """{"fp32": [decoder-step calls per batch-1 case], "int8": [...]} for a looping model."""
-    from bench_inference import batch_groups, latest_graphs
+    from bench_inference import benched, int8_graphs
 
-    from pipeline.checkpoint import load_model
-    from pipeline.config import load_params, resolve
     from pipeline.graphs import run_loop
-    from pipeline.quantize import quantize_graphs, settings
-    from pipeline.tasks import get_task
     from serving.runtime import OrtGraph
 
-    run = resolve(name, root=root)
-    folder = latest_graphs(name, root)
-    model, _ = load_model(run.run_dir / "checkpoint" / "best")
-    specs = model.export_graphs()
-    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
-    group = batch_groups(get_task(run.task).model_parity_batches(model, run.data_dir))[1]
+    folder, _, specs, meta, batches = benched(name, root)
     step = next(g for g in specs if g != "encoder")  # the graph the loop calls once per token
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        quantize_graphs(folder, list(specs), Path(tmp), settings(name, load_params(root))["op_types"])
+        int8_graphs(name, root, folder, specs, Path(tmp))
         for kind, graphs_dir in (("fp32", folder), ("int8", Path(tmp))):
             graphs = {g: OrtGraph(graphs_dir / f"{g}.onnx", provider="cpu", threads=1) for g in specs}
             calls = []
-            for batch in group:
+            for batch in batches[1]:
                 counted = Counted(graphs[step])
                 run_loop({**graphs, step: counted}, {k: v.numpy() for k, v in batch.items()}, meta)
                 calls.append(counted.calls)
