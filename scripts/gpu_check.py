@@ -151,28 +151,21 @@ def timing(names: list[str], root: Path, device: str, repeats: int, settings: di
     from functools import partial
 
     import torch
-    from bench_inference import batch_groups, latest_graphs, median_ms
+    from bench_inference import benched, median_ms
 
-    from pipeline.checkpoint import load_model
-    from pipeline.config import resolve
     from pipeline.graphs import run_loop
-    from pipeline.tasks import get_task
     from serving.runtime import OrtGraph
 
     out = {}
     for name in names:
-        run = resolve(name, root=root)
-        model, _ = load_model(run.run_dir / "checkpoint" / "best")
-        specs = model.export_graphs()
-        meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
-        cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        graph_dir, graph_sets = latest_graphs(name, root), {}
+        graph_dir, model, specs, meta, groups = benched(name, root)
+        graph_sets = {}
         for setting, options in settings.items():
             with cuda_options(options):
                 graph_sets[setting] = {g: OrtGraph(graph_dir / f"{g}.onnx", provider=device) for g in specs}
         model = model.to(device)
         row = {}
-        for size, group in batch_groups(cases).items():
+        for size, group in groups.items():
             on_device = [{k: v.to(device) for k, v in b.items()} for b in group]
             np_group = [{k: v.numpy() for k, v in b.items()} for b in group]
 

@@ -105,14 +105,19 @@ def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_p
     return out
 
 
+def spans(ids, items: list[dict]) -> list[tuple[str, list[int]]]:
+    """(bucket label, the ids whose German source falls in it) for each length bucket."""
+    from pipeline.tasks.translation_de_en import _buckets
+
+    return [(label, [i for i in ids if low <= len(items[i]["src_text"].split()) <= high])
+            for label, low, high in _buckets(EDGES)]
+
+
 def buckets(ids: list[int], items: list[dict], hyps: dict[int, str]) -> list[dict]:
     import sacrebleu
 
-    from pipeline.tasks.translation_de_en import _buckets
-
     rows = []
-    for label, low, high in _buckets(EDGES):
-        sel = [i for i in ids if low <= len(items[i]["src_text"].split()) <= high]
+    for label, sel in spans(ids, items):
         if not sel:  # a --limit sample may miss a bucket
             continue
         bleu = sacrebleu.corpus_bleu([hyps[i] for i in sel], [[items[i]["tgt_text"] for i in sel]])
@@ -129,8 +134,6 @@ def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, s
     Returns the measured difference, its 95 % interval and the share of resamples where it is > 0."""
     from sacrebleu.metrics import BLEU
 
-    from pipeline.tasks.translation_de_en import _buckets
-
     bleu = BLEU()  # corpus_bleu's defaults: 13a, exp smoothing
 
     def stats(hyps: dict[int, str], sel: list[int]) -> np.ndarray:  # [N,10]: lengths, matches, totals
@@ -139,9 +142,8 @@ def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, s
     def score(summed: np.ndarray) -> float:
         return bleu._compute_score_from_stats(summed.tolist()).score
 
-    spans = [(label, [i for i in hyps_a if low <= len(items[i]["src_text"].split()) <= high])
-             for label, low, high in _buckets(EDGES)]
-    (short, s_ids), (long_, l_ids) = spans[0], spans[-1]
+    by_bucket = spans(hyps_a, items)
+    (short, s_ids), (long_, l_ids) = by_bucket[0], by_bucket[-1]
     sa, sb, la, lb = stats(hyps_a, s_ids), stats(hyps_b, s_ids), stats(hyps_a, l_ids), stats(hyps_b, l_ids)
 
     def diff(s_rows, l_rows) -> float:
