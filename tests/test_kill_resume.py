@@ -29,6 +29,8 @@ from tests.test_multinode import free_port, kill_tree, signal_tree
 pytestmark = pytest.mark.slow
 WORKER = str(ROOT / "tests" / "multinode_worker.py")
 STEPS_PER_EPOCH, EPOCHS = 60, 2
+CHECKPOINT_SECONDS = 0.1  # the trainer saves at its first step this long after the last save
+SLICE_SECONDS = 0.03  # how long the job runs between two looks
 
 
 @pytest.fixture(scope="module")
@@ -66,31 +68,40 @@ def saved_state(out: Path) -> dict | None:
         return None
 
 
+def freeze_mid_epoch(proc: subprocess.Popen, out: Path) -> dict | None:
+    """Leave the job frozen (SIGSTOP) just after a mid-epoch checkpoint at step >= 20 and return that state.
+
+    Once the first checkpoint is on disk the job runs in short slices, frozen in between while its checkpoint is
+    read. Each freeze lasts at least the checkpoint interval, so a save is due at the job's next step and every
+    slice writes one, however fast the machine: a job left to run freely can finish between two looks (on CI the
+    one-process run once did).
+    """
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and saved_state(out) is None:
+        time.sleep(0.005)
+    while time.monotonic() < deadline and proc.poll() is None:
+        signal_tree(proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        state = saved_state(out)
+        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS and state["step"] % STEPS_PER_EPOCH:
+            return state
+        time.sleep(max(0.0, CHECKPOINT_SECONDS - (time.monotonic() - frozen)))
+        signal_tree(proc.pid, signal.SIGCONT)
+        time.sleep(SLICE_SECONDS)
+    return None
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted_run(root, tmp_path, processes):
     env = venv_env(root)
     env["PYTHONPATH"] = str(ROOT)
-    env["ATTNZOO_CHECKPOINT_SECONDS"] = "0.3"
+    env["ATTNZOO_CHECKPOINT_SECONDS"] = str(CHECKPOINT_SECONDS)
     full, killed = tmp_path / "full", tmp_path / "killed"
     run(command(root, full, processes), env)
 
     proc = subprocess.Popen(command(root, killed, processes), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    at_kill = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        state = saved_state(killed)
-        if state and 20 <= state["step"] < STEPS_PER_EPOCH * EPOCHS and state["step"] % STEPS_PER_EPOCH:
-            time.sleep(0.05)  # some steps on: the kill lands between two checkpoints
-            # Freeze the whole job, then look: a fast machine may have reached the epoch's end (and
-            # its checkpoint) meanwhile, and the kill must follow a mid-epoch checkpoint.
-            signal_tree(proc.pid, signal.SIGSTOP)
-            state = saved_state(killed)
-            if state and state["step"] % STEPS_PER_EPOCH and state["step"] < STEPS_PER_EPOCH * EPOCHS:
-                at_kill = state
-                break
-            signal_tree(proc.pid, signal.SIGCONT)
-        time.sleep(0.005)
+    at_kill = freeze_mid_epoch(proc, killed)
     assert at_kill is not None and proc.poll() is None, "training ended before it could be killed"
     kill_tree(proc.pid)  # the whole job, torchrun and its workers alike
     proc.wait()

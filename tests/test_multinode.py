@@ -53,7 +53,10 @@ def signal_tree(pid: int, sig: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     for proc in procs:
-        proc.send_signal(sig)
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:  # a worker that exited after it was listed
+            pass
     return procs
 
 
