@@ -128,10 +128,12 @@ def buckets(ids: list[int], items: list[dict], hyps: dict[int, str]) -> list[dic
 
 def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, str], resamples: int,
                   seed: int = 0) -> dict:
-    """Paired bootstrap (Koehn 2004) of how the gap A - B on the longest bucket compares with the gap on
-    the shortest: each resample draws the sentences of both buckets with replacement, the same ones
-    for A and B, and scores them with sacrebleu's corpus BLEU from summed sentence statistics.
-    Returns the measured difference, its 95 % interval and the share of resamples where it is > 0."""
+    """Paired bootstrap (Koehn 2004) of how the gap A - B grows with source length: each resample draws
+    every bucket's sentences with replacement, the same ones for A and B, and scores them with
+    sacrebleu's corpus BLEU from summed sentence statistics. Two readings of "grows": the gap on the
+    longest bucket minus the gap on the shortest, and the least-squares slope of the gap over all
+    buckets against their mean source length (BLEU per word). For each, the measured value, its 95 %
+    interval and the share of resamples where it is > 0."""
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU()  # corpus_bleu's defaults: 13a, exp smoothing
@@ -142,22 +144,31 @@ def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, s
     def score(summed: np.ndarray) -> float:
         return bleu._compute_score_from_stats(summed.tolist()).score
 
-    by_bucket = spans(hyps_a, items)
-    (short, s_ids), (long_, l_ids) = by_bucket[0], by_bucket[-1]
-    sa, sb, la, lb = stats(hyps_a, s_ids), stats(hyps_b, s_ids), stats(hyps_a, l_ids), stats(hyps_b, l_ids)
+    by_bucket = [(label, sel) for label, sel in spans(hyps_a, items) if sel]  # a small sample may miss one
+    per = [(stats(hyps_a, sel), stats(hyps_b, sel)) for _, sel in by_bucket]
+    words = np.array([np.mean([len(items[i]["src_text"].split()) for i in sel]) for _, sel in by_bucket])
+    centred = words - words.mean()
 
-    def diff(s_rows, l_rows) -> float:
-        long_gap = score(la[l_rows].sum(0)) - score(lb[l_rows].sum(0))
-        return long_gap - (score(sa[s_rows].sum(0)) - score(sb[s_rows].sum(0)))
+    def gaps(rows: list[np.ndarray]) -> np.ndarray:  # [buckets] gap A - B on the drawn sentences
+        return np.array([score(a[r].sum(0)) - score(b[r].sum(0)) for (a, b), r in zip(per, rows)])
+
+    def readings(g: np.ndarray) -> tuple[float, float]:
+        return float(g[-1] - g[0]), float(centred @ (g - g.mean()) / (centred @ centred))
 
     rng = np.random.default_rng(seed)
-    draws = np.array([diff(rng.integers(0, len(s_ids), len(s_ids)), rng.integers(0, len(l_ids), len(l_ids)))
-                      for _ in range(resamples)])
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return {"short": short, "long": long_, "sentences": [len(s_ids), len(l_ids)],
-            "difference": round(diff(np.arange(len(s_ids)), np.arange(len(l_ids))), 2),
-            "interval95": [round(float(low), 2), round(float(high), 2)],
-            "share_above_0": round(float(np.mean(draws > 0)), 3), "resamples": resamples}
+    draws = np.array([readings(gaps([rng.integers(0, len(a), len(a)) for a, _ in per])) for _ in range(resamples)])
+    measured = readings(gaps([np.arange(len(a)) for a, _ in per]))
+
+    def summary(k: int) -> dict:
+        low, high = np.percentile(draws[:, k], [2.5, 97.5])
+        return {"value": round(measured[k], 3 if k else 2), "interval95": [round(float(low), 3 if k else 2),
+                round(float(high), 3 if k else 2)], "share_above_0": round(float(np.mean(draws[:, k] > 0)), 3)}
+
+    ends, slope = summary(0), summary(1)
+    return {"short": by_bucket[0][0], "long": by_bucket[-1][0], "sentences": [len(sel) for _, sel in by_bucket],
+            "mean_words": [round(float(w), 1) for w in words],
+            "difference": ends["value"], "interval95": ends["interval95"], "share_above_0": ends["share_above_0"],
+            "slope_per_word": slope, "resamples": resamples}
 
 
 def markdown(results: dict[str, list[dict]], gap: tuple[str, str] | None) -> str:
@@ -189,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences of the sample (a quick look)")
     ap.add_argument("--out", type=Path, help="write every bucket and translation here as JSON")
     ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
-                    help="N paired bootstrap resamples of (gap on the longest bucket) - (gap on the shortest)")
+                    help="N paired bootstrap resamples of (gap on the longest bucket) - (gap on the shortest) "
+                         "and of the gap's slope over all buckets")
     ap.add_argument("--jobs", type=int, default=1, help="decode this many runs at once (one thread each)")
     args = ap.parse_args(argv)
 
@@ -222,6 +234,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\ngap on {boot['long']} words minus gap on {boot['short']} words: {boot['difference']:.2f} BLEU, "
               f"95 % interval {boot['interval95'][0]:.2f} to {boot['interval95'][1]:.2f}, > 0 in "
               f"{boot['share_above_0']:.1%} of {boot['resamples']} paired resamples")
+        slope = boot["slope_per_word"]
+        print(f"least-squares slope of the gap over all {len(boot['sentences'])} buckets (mean source length "
+              f"{', '.join(f'{w:g}' for w in boot['mean_words'])} words): {slope['value']:+.3f} BLEU per word, "
+              f"95 % interval {slope['interval95'][0]:+.3f} to {slope['interval95'][1]:+.3f}, > 0 in "
+              f"{slope['share_above_0']:.1%}")
     if args.out:
         args.out.write_text(json.dumps({"runs": {n: str(d) for n, d in runs}, "sample": args.sample,
                                         "length_penalty": args.length_penalty,

@@ -39,3 +39,26 @@ def test_the_gap_difference_is_corpus_bleu_per_bucket_and_its_interval_holds_it(
     low, high = got["interval95"]
     assert low <= got["difference"] <= high and 0 <= got["share_above_0"] <= 1
     assert got == length_gap.gap_bootstrap(its, a, b, resamples=200)  # seeded: the same interval again
+
+
+def test_the_slope_is_least_squares_over_every_bucket_against_its_mean_length():
+    # Three buckets (5, 13 and 30 words): B loses more of each reference the longer the source, A none.
+    mid = [" ".join(f"mid{j} part {k} of it" for j in range(3)) for k in range(4)]  # 15 words
+    its = items()[:4] + [{"src_text": " ".join(["x"] * 13), "tgt_text": t} for t in mid] + items()[4:]
+    refs = {i: it["tgt_text"] for i, it in enumerate(its)}
+    b = {i: (t if i < 4 else " ".join(t.split()[: 10 if i < 8 else 12])) for i, t in refs.items()}
+    got = length_gap.gap_bootstrap(its, refs, b, resamples=200)
+
+    def gap(ids):
+        return (sacrebleu.corpus_bleu([refs[i] for i in ids], [[refs[i] for i in ids]]).score
+                - sacrebleu.corpus_bleu([b[i] for i in ids], [[refs[i] for i in ids]]).score)
+
+    x = [5.0, 13.0, 30.0]
+    y = [gap(range(0, 4)), gap(range(4, 8)), gap(range(8, 12))]
+    mx, my = sum(x) / 3, sum(y) / 3
+    expected = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sum((u - mx) ** 2 for u in x)
+    assert got["sentences"] == [4, 4, 4] and got["mean_words"] == x
+    slope = got["slope_per_word"]
+    assert expected > 0 and abs(slope["value"] - expected) < 0.001
+    assert slope["interval95"][0] <= slope["value"] <= slope["interval95"][1]
+    assert slope["share_above_0"] == 1.0  # B is never better than A: every resample's gap grows
