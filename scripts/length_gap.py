@@ -159,12 +159,13 @@ def gap_bootstrap(items: list[dict], hyps_a: dict[int, str], hyps_b: dict[int, s
     draws = np.array([readings(gaps([rng.integers(0, len(a), len(a)) for a, _ in per])) for _ in range(resamples)])
     measured = readings(gaps([np.arange(len(a)) for a, _ in per]))
 
-    def summary(k: int) -> dict:
+    def summary(k: int, digits: int) -> dict:
         low, high = np.percentile(draws[:, k], [2.5, 97.5])
-        return {"value": round(measured[k], 3 if k else 2), "interval95": [round(float(low), 3 if k else 2),
-                round(float(high), 3 if k else 2)], "share_above_0": round(float(np.mean(draws[:, k] > 0)), 3)}
+        return {"value": round(measured[k], digits),
+                "interval95": [round(float(low), digits), round(float(high), digits)],
+                "share_above_0": round(float(np.mean(draws[:, k] > 0)), 3)}
 
-    ends, slope = summary(0), summary(1)
+    ends, slope = summary(0, 2), summary(1, 3)  # BLEU to 2 places; BLEU per word to 3
     return {"short": by_bucket[0][0], "long": by_bucket[-1][0], "sentences": [len(sel) for _, sel in by_bucket],
             "mean_words": [round(float(w), 1) for w in words],
             "difference": ends["value"], "interval95": ends["interval95"], "share_above_0": ends["share_above_0"],
