@@ -171,6 +171,13 @@ def bench_batches(model, specs, meta, group: list, engines: dict, repeats: int, 
             "int8_same": round(float(np.mean(same)), 3)}
 
 
+def loop_inputs(model, cases: list[tuple[str, dict]]) -> tuple[dict, dict, dict[int, list[dict]]]:
+    """What a loop of ``model`` runs on: (the graph specs, the loop's meta, ``cases`` (a task's parity
+    cases) by batch size)."""
+    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
+    return model.export_graphs(), meta, batch_groups(cases)
+
+
 def benched(name: str, root: Path) -> tuple[Path, object, dict, dict, dict[int, list[dict]]]:
     """What the benchmark runs for ``name``: (its served graph folder, the PyTorch model of
     ``runs/<name>/checkpoint/best``, the graph specs, the loop's meta, the parity cases by batch size)."""
@@ -180,9 +187,8 @@ def benched(name: str, root: Path) -> tuple[Path, object, dict, dict, dict[int, 
 
     run = resolve(name, root=root)
     model, _ = load_model(run.run_dir / "checkpoint" / "best")
-    meta = {**model.cfg.__dict__, "collect": getattr(model, "parity_collect", ())}
-    cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-    return latest_graphs(name, root), model, model.export_graphs(), meta, batch_groups(cases)
+    return (latest_graphs(name, root), model,
+            *loop_inputs(model, get_task(run.task).model_parity_batches(model, run.data_dir)))
 
 
 def int8_graphs(name: str, root: Path, folder: Path, specs: dict, out: Path) -> None:

@@ -14,6 +14,14 @@
    rate is the steady state, read from the MLflow timestamps of the logged training steps (start-up,
    first-step kernel selection and the final validation excluded); the whole run's rate is kept too.
 
+A checkout holds trained models only for what its DVC cache holds (the cache does not travel, and
+training every entry takes hours of CPU). ``--seeded`` adds every other ``params.yaml`` entry, built
+from its configuration with weights drawn at a fixed seed and exported by the export stage's own
+function: its rows check that architecture's graphs on the device (every op placed and run, fp32 and
+TF32 numerics at initial-weight scale, the loop's tokens against PyTorch's), not a published
+model's weights, and say so (``weights: seeded``). A seeded row never replaces a published one in a
+device's report.
+
 ``--device cpu`` runs the same checks on the CPU (CPU execution provider, fp32 training): a rehearsal
 of the code path on a machine without a GPU, not a GPU figure.
 Writes ``docs/gpu_check/<device>.json`` with ``--write`` (one file per device, so a run on another GPU
@@ -66,21 +74,117 @@ def merged(old: dict | None, new: dict) -> dict:
     training are replaced only by a run that measured them."""
     if not old or old.get("device") != new["device"]:
         return new
+    # Reports made before --seeded existed hold trained models only.
+    old_weights = old.get("weights") or dict.fromkeys(old["models"], "published")
+    new_weights = new.get("weights") or dict.fromkeys(new["models"], "published")
+    # A run that had only seeded weights for a model keeps that model's published rows.
+    fresh = {m for m in new["models"] if not (new_weights[m] == "seeded" and old_weights.get(m) == "published")}
     out = {**old, "onnxruntime": new["onnxruntime"], "torch": new["torch"]}
     out["models"] = list(dict.fromkeys(old["models"] + new["models"]))
-    out["parity"] = {s: {**old["parity"].get(s, {}), **rows} for s, rows in new["parity"].items()}
-    out["timing"] = {**old["timing"], **new["timing"]}
+    out["weights"] = {**old_weights, **{m: new_weights[m] for m in fresh}}
+    out["parity"] = {s: {**old["parity"].get(s, {}), **{m: r for m, r in rows.items() if m in fresh}}
+                     for s, rows in new["parity"].items()}
+    out["timing"] = {**old["timing"], **{m: r for m, r in new["timing"].items() if m in fresh}}
     if new.get("train") is not None:
         out["train"] = new["train"]
     return out
 
 
-def trained_models(root: Path) -> list[str]:
+def entries(root: Path) -> list[str]:
     import yaml
+
+    return list(yaml.safe_load((root / "params.yaml").read_text())["models"])
+
+
+def trained_models(root: Path) -> list[str]:
     from bench_inference import latest_graphs
 
-    names = list(yaml.safe_load((root / "params.yaml").read_text())["models"])
-    return [n for n in names if (root / "runs" / n / "checkpoint" / "best").is_dir() and latest_graphs(n, root)]
+    return [n for n in entries(root) if (root / "runs" / n / "checkpoint" / "best").is_dir() and latest_graphs(n, root)]
+
+
+SEED = 0  # the seeded models' weights: the same graphs on every machine
+
+
+def entry_cases(name: str, root: Path) -> dict:
+    """What the check needs of entry ``name`` besides code, graphs and weights: its architecture and
+    resolved model configuration (the prepared data's vocabulary sizes included), its parity
+    tolerances and its task's parity cases (test items over a grid of batch sizes and lengths)."""
+    from pipeline.config import resolve
+    from pipeline.tasks import get_task
+
+    run = resolve(name, root=root)
+    spec = {"arch": run.arch, "model": run.model, "parity": run.parity}
+    spec["cases"] = get_task(run.task).model_parity_batches(build(spec), run.data_dir)
+    return spec
+
+
+def pack(names: list[str], root: Path, out: Path) -> None:
+    """``--pack``: :func:`entry_cases` of each of ``names`` into ``out/<name>.pt``, for ``--cases`` on a
+    machine that has the code but not the prepared data (1.4 GB, some of it made from Debian
+    packages a GPU machine may lack)."""
+    import torch
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in tqdm(names, desc="packing cases", unit="model", disable=None):
+        torch.save(entry_cases(name, root), out / f"{name}.pt")
+
+
+def build(spec: dict):
+    """The model of ``spec`` (see :func:`entry_cases`) with weights drawn at :data:`SEED`, in eval mode."""
+    import torch
+
+    import models
+
+    torch.manual_seed(SEED)
+    return models.build(spec["arch"], spec["model"]).eval()
+
+
+def published(name: str, root: Path):
+    """(model, graph folder) of a model trained here: ``runs/<name>/checkpoint/best`` and the graphs a
+    server answers with (``bench_inference.latest_graphs``)."""
+    from bench_inference import latest_graphs
+
+    from pipeline.checkpoint import load_model
+
+    model, _ = load_model(root / "runs" / name / "checkpoint" / "best")  # as trained_models finds it
+    return model, latest_graphs(name, root)
+
+
+def _export_seeded(spec: dict, out: Path) -> float:
+    """Export :func:`build` of ``spec`` into ``out`` with the export stage's own
+    ``pipeline.export.export_onnx`` (the graphs the pipeline would publish for that architecture);
+    returns the seconds it took."""
+    import torch
+
+    from pipeline.export import export_onnx
+
+    torch.set_num_threads(1)  # one core per export: the pool runs one per core
+    start = time.perf_counter()
+    export_onnx(build(spec), out)
+    return time.perf_counter() - start
+
+
+def seeded(specs: dict[str, dict], out: Path, jobs: int) -> dict:
+    """{name: (seeded model, graph folder)} for each of ``specs`` ({name: :func:`entry_cases`}).
+    Exporting is mostly single-threaded Python (torch.onnx's tracing and rewriting: 3-85 s a model on
+    the 2-core development machine), so ``jobs`` processes export at once; each builds the model at
+    the same seed, and the parity check that follows compares the graphs against this process's
+    copy, so weights that differed would fail it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    if not specs:
+        return {}
+    # The pool is given the configurations only: the cases stay in this process.
+    bare = {n: {k: v for k, v in spec.items() if k != "cases"} for n, spec in specs.items()}
+    with ProcessPoolExecutor(max(1, min(jobs, len(specs))), mp_context=multiprocessing.get_context("spawn")) as pool:
+        todo = {pool.submit(_export_seeded, spec, out / n): n for n, spec in bare.items()}
+        for done in tqdm(as_completed(todo), total=len(todo), desc="seeded exports", unit="model", disable=None):
+            print(f"exported {todo[done]} (seeded) in {done.result():.1f} s", file=sys.stderr, flush=True)
+    return {n: (build(spec), out / n) for n, spec in specs.items()}
 
 
 # The CUDA EP options per setting checked; None: the server's own (serving.runtime.CUDA_OPTIONS, fp32).
@@ -118,26 +222,18 @@ def summarise(rep: dict) -> dict:
             "e2e_passed": all(r["passed"] for case in rep["cases"] for r in case["e2e"].values())}
 
 
-def parity(names: list[str], root: Path, provider: str, settings: dict) -> dict[str, dict[str, dict]]:
-    """The export gate on ``provider`` for each model under each of ``settings`` (CUDA EP options):
-    {setting: {model: row}} (see :func:`summarise`); each model and its cases are loaded once."""
-    from bench_inference import latest_graphs
-
-    from pipeline.checkpoint import load_model
-    from pipeline.config import resolve
+def parity(subjects: dict, specs: dict, provider: str, settings: dict) -> dict[str, dict[str, dict]]:
+    """The export gate on ``provider`` for each of ``subjects`` ({name: (model, graph folder)}), on
+    the cases and tolerances of its ``specs`` entry (:func:`entry_cases`), under each of
+    ``settings`` (CUDA EP options): {setting: {model: row}} (see :func:`summarise`)."""
     from pipeline.export import parity_check
-    from pipeline.tasks import get_task
 
     out: dict[str, dict[str, dict]] = {setting: {} for setting in settings}
-    for name in names:
-        run = resolve(name, root=root)
-        model, _ = load_model(run.run_dir / "checkpoint" / "best")
-        cases = get_task(run.task).model_parity_batches(model, run.data_dir)
-        graphs = latest_graphs(name, root)
+    for name, (model, graphs) in subjects.items():
         for setting, options in settings.items():
             try:
                 with cuda_options(options):
-                    row = summarise(parity_check(model, graphs, cases, run.parity, provider))
+                    row = summarise(parity_check(model, graphs, specs[name]["cases"], specs[name]["parity"], provider))
             except Exception as err:  # noqa: BLE001 -- one model's failure is a row, not the end of the check
                 row = {"provider": provider, "passed": False, "error": f"{type(err).__name__}: {err}"[:300]}
             out[setting][name] = row
@@ -145,24 +241,25 @@ def parity(names: list[str], root: Path, provider: str, settings: dict) -> dict[
     return out
 
 
-def timing(names: list[str], root: Path, device: str, repeats: int, settings: dict) -> dict[str, dict]:
-    """Whole-loop ms (median of ``repeats``), ORT on ``device``'s provider under each of ``settings``
-    (CUDA EP options) vs PyTorch on ``device``."""
+def timing(subjects: dict, specs: dict, device: str, repeats: int, settings: dict) -> dict[str, dict]:
+    """Whole-loop ms (median of ``repeats``) of each of ``subjects`` ({name: (model, graph folder)}),
+    ORT on ``device``'s provider under each of ``settings`` (CUDA EP options) vs PyTorch on ``device``,
+    on the batches ``scripts/bench_inference.py`` makes of its ``specs`` entry's cases."""
     from functools import partial
 
     import torch
-    from bench_inference import benched, median_ms
+    from bench_inference import loop_inputs, median_ms
 
     from pipeline.graphs import run_loop
     from serving.runtime import OrtGraph
 
     out = {}
-    for name in names:
-        graph_dir, model, specs, meta, groups = benched(name, root)
+    for name, (model, graph_dir) in subjects.items():
+        graphs, meta, groups = loop_inputs(model, specs[name]["cases"])
         graph_sets = {}
         for setting, options in settings.items():
             with cuda_options(options):
-                graph_sets[setting] = {g: OrtGraph(graph_dir / f"{g}.onnx", provider=device) for g in specs}
+                graph_sets[setting] = {g: OrtGraph(graph_dir / f"{g}.onnx", provider=device) for g in graphs}
         model = model.to(device)
         row = {}
         for size, group in groups.items():
@@ -192,7 +289,7 @@ def timing(names: list[str], root: Path, device: str, repeats: int, settings: di
                     times[key].append(time.perf_counter() - start)
             row[size] = {k: median_ms(v) for k, v in times.items()}
         first = next(iter(graph_sets.values()))
-        out[name] = {"provider": first[next(iter(specs))].provider, **row}
+        out[name] = {"provider": first[next(iter(graphs))].provider, **row}
         print(f"timing {name}: {out[name]}", file=sys.stderr, flush=True)
     return out
 
@@ -263,21 +360,55 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, if not known")
     ap.add_argument("--write", action="store_true", help="write docs/gpu_check/<device>.json")
+    ap.add_argument("--models", nargs="+", metavar="MODEL", help="these params.yaml entries only (default: all)")
+    ap.add_argument("--seeded", action="store_true",
+                    help="also check entries not trained in this checkout, with seeded weights (see above)")
+    ap.add_argument("--pack", type=Path, metavar="DIR",
+                    help="write each entry's configuration and parity cases into DIR (no device needed) and stop")
+    ap.add_argument("--cases", type=Path, metavar="DIR",
+                    help="read configurations and parity cases from a --pack DIR instead of data/prepared")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="seeded exports at once (default: one a core)")
     args = ap.parse_args(argv)
     import onnxruntime as ort
     import torch
 
+    known = entries(ROOT)
+    unknown = sorted(set(args.models or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"gpu_check: {', '.join(unknown)} not in params.yaml; `attnzoo list` shows the entries")
+    if args.pack:  # no device needed: the cases of every asked-for entry, for --cases elsewhere
+        pack(args.models or known, ROOT, args.pack)
+        print(f"gpu_check: packed the cases of {len(args.models or known)} entries into {args.pack}")
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to PyTorch here; nothing to check")
         return
-    names = trained_models(ROOT)
+    trained = trained_models(ROOT)
+    names = [m for m in args.models or known if m in trained or args.seeded]
+    if not names:
+        raise SystemExit("gpu_check: no model asked for is trained and published in this checkout; "
+                         "--seeded checks the entries with seeded weights")
+    if args.cases:
+        packed = {m for m in names if (args.cases / f"{m}.pt").exists()}
+        if missing := [m for m in names if m not in packed]:
+            raise SystemExit(f"gpu_check: {args.cases} has no cases for {', '.join(missing)}; "
+                             f"pack them with `python scripts/gpu_check.py --pack {args.cases}` where the data is")
+    weights = {m: "published" if m in trained else "seeded" for m in names}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names}
+    report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names,
+              "weights": weights}
     settings = CUDA_SETTINGS if args.device == "cuda" else {"fp32": None}
-    report["parity"] = parity(names, ROOT, args.device, settings)
-    if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
-        report["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
-    report["timing"] = timing(names, ROOT, args.device, args.repeats, settings)
+    specs = {m: torch.load(args.cases / f"{m}.pt", weights_only=False) if args.cases else entry_cases(m, ROOT)
+             for m in names}
+    with tempfile.TemporaryDirectory(prefix="gpu_check_seeded_") as tmp:
+        subjects = {m: published(m, ROOT) for m in names if weights[m] == "published"}
+        subjects.update(seeded({m: specs[m] for m in names if weights[m] == "seeded"}, Path(tmp), args.jobs))
+        subjects = {m: subjects[m] for m in names}  # the report's order: params.yaml's
+        report["parity"] = parity(subjects, specs, args.device, settings)
+        if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
+            report["tensorrt"] = "TensorRT EP present: not checked (serving.runtime asks for CUDA or CPU)"
+        report["timing"] = timing(subjects, specs, args.device, args.repeats, settings)
     # --steps 0: parity and timing only (a second run for more models need not train again)
     report["train"] = (train_transformer(ROOT, args.device, args.steps, peak_flops(name, args.peak_tflops))
                        if args.steps > 0 else None)
@@ -299,6 +430,11 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
     lines = [f"# gpu_check on {report['device']} (onnxruntime {report['onnxruntime']}, torch {report['torch']})", "",
              "| model | " + " | ".join(f"parity {s}: passed, largest graph error, end to end" for s in settings) + " |",
              "|---|" + "---|" * len(settings)]
+    seeded_ones = {m for m, w in report.get("weights", {}).items() if w == "seeded"}
+
+    def label(model: str) -> str:
+        return f"{model} (seeded weights)" if model in seeded_ones else model
+
     for model in report["models"]:
         cells = []
         for s in settings:
@@ -306,7 +442,7 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
             cells.append(r["error"] if "error" in r else
                          f"{'passed' if r['passed'] else 'FAILED'}, {r['max_abs']:.1e}, "
                          f"{'same' if r['e2e_passed'] else 'differs'}")
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(model)} | " + " | ".join(cells) + " |")
     head = " | ".join(f"batch {b}: PyTorch ms | " + " | ".join(f"ORT {s} ms | ×" for s in settings) for b in (1, 32))
     lines += ["", f"| model | {head} |", "|---|" + "---|" * (2 * (1 + 2 * len(settings)))]
     for model in report["models"]:
@@ -316,7 +452,7 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
             torch_ms = t[b]["pytorch"]
             cells.append(f"{torch_ms:.2f} | " + " | ".join(
                 f"{t[b][f'onnxruntime_{s}']:.2f} | {torch_ms / t[b][f'onnxruntime_{s}']:.2f}" for s in settings))
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(model)} | " + " | ".join(cells) + " |")
     tr = report["train"]
     if tr is None:
         return lines + ["", "Transformer training: not run (--steps 0)"]

@@ -1,15 +1,17 @@
 """scripts/gpu_check.py's pieces that run without a GPU: the one-line exit on a CPU machine, the CUDA
 EP options wrapper, the folding of a parity report, the steady-state window read from MLflow, and the
-summary it prints (the GPU figures themselves are in docs/benchmarks.md)."""
+summary it prints (the GPU figures themselves are in docs/benchmarks.md), and the whole check run on the
+CPU for entries with seeded weights."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, copy_repo, venv_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
@@ -108,3 +110,80 @@ def test_a_run_for_other_models_on_the_same_device_adds_its_rows():
                                      "bahdanau": {"passed": True, "max_abs": 1e-5}}
     assert out["timing"]["transformer"] == {"1": {"pytorch": 4.0}} and out["train"] == {"tokens_per_s": 32412}
     assert gpu_check.merged(first, report("NVIDIA H100", ["bahdanau"], None))["models"] == ["bahdanau"]
+
+
+def test_a_seeded_run_never_replaces_published_rows_but_adds_the_models_it_lacked():
+    def report(weights, pytorch_ms):
+        return {"device": "NVIDIA H200", "onnxruntime": "1.31.1", "torch": "2.11.0", "models": list(weights),
+                "weights": weights, "parity": {"fp32": {m: {"passed": True, "max_abs": ms / 1e6}
+                                                        for m, ms in zip(weights, pytorch_ms)}},
+                "timing": {m: {"1": {"pytorch": ms}} for m, ms in zip(weights, pytorch_ms)}, "train": None}
+
+    earlier = report({"luong_concat": "published"}, [5.0])
+    earlier.pop("weights")  # a report written before --seeded: every row is a trained model's
+    later = report({"luong_concat": "seeded", "ntm": "seeded"}, [7.0, 3.0])
+    out = gpu_check.merged(earlier, later)
+    assert out["weights"] == {"luong_concat": "published", "ntm": "seeded"}
+    assert out["parity"]["fp32"] == {"luong_concat": {"passed": True, "max_abs": 5e-6},
+                                     "ntm": {"passed": True, "max_abs": 3e-6}}
+    assert out["timing"] == {"luong_concat": {"1": {"pytorch": 5.0}}, "ntm": {"1": {"pytorch": 3.0}}}
+    # A published row replaces a seeded one.
+    again = gpu_check.merged(out, report({"ntm": "published"}, [4.0]))
+    assert again["weights"]["ntm"] == "published" and again["timing"]["ntm"] == {"1": {"pytorch": 4.0}}
+
+
+@pytest.mark.slow
+def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_cases(tmp_path):
+    """The whole check on the CPU in a copy of the repository with no trained model, as on a GPU machine
+    without the prepared data: the cases are packed where the data is, the data is removed, and two
+    entries are built at the seed, exported by two processes at once, checked against this process's
+    copy of the weights (identical, or the graph errors would be of the weights' own size) and timed;
+    the report says which weights each row had."""
+    import shutil
+
+    import yaml
+
+    repo = copy_repo(tmp_path / "repo")
+    env = venv_env(repo)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tasks"]["parity"].update(train_size=64, val_size=16, test_size=64)
+    params["tasks"]["sort"].update(train_size=64, val_size=16, test_size=16)
+    params["models"] = {m: params["models"][m] for m in ("pointer_sort", "act_parity")}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for task in ("parity", "sort"):
+        subprocess.run([sys.executable, "-m", "pipeline.prepare", task], cwd=repo, env=env, check=True,
+                       capture_output=True, timeout=300)
+
+    def check(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "scripts/gpu_check.py", *args], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    packed = check("--pack", str(tmp_path / "cases"), timeout=300)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    assert packed.stdout.strip() == f"gpu_check: packed the cases of 2 entries into {tmp_path / 'cases'}"
+    shutil.rmtree(repo / "data" / "prepared")
+    done = check("--device", "cpu", "--steps", "0", "--repeats", "1", "--seeded", "--jobs", "2", "--write",
+                 "--cases", str(tmp_path / "cases"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if "(seeded weights) | passed" in line]
+    assert [r.split(" |")[0] for r in rows] == ["| pointer_sort (seeded weights)", "| act_parity (seeded weights)"]
+    report = json.loads((repo / "docs" / "gpu_check" / "cpu.json").read_text())
+    assert report["weights"] == {"pointer_sort": "seeded", "act_parity": "seeded"}
+    for row in report["parity"]["fp32"].values():
+        assert row["passed"] and row["e2e_passed"] and 0 < row["max_abs"] < 1e-4
+    for times in report["timing"].values():
+        assert set(times["1"]) == set(times["32"]) == {"pytorch", "onnxruntime_fp32"}
+    # Bad input: one sentence naming the fix.
+    bad = check("--device", "cpu", "--models", "nope", timeout=120)
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1] == "gpu_check: nope not in params.yaml; `attnzoo list` shows the entries"
+    bare = check("--device", "cpu", "--seeded", "--cases", str(tmp_path / "elsewhere"), timeout=120)
+    assert bare.returncode != 0
+    assert bare.stderr.strip().splitlines()[-1] == (
+        f"gpu_check: {tmp_path / 'elsewhere'} has no cases for pointer_sort, act_parity; pack them with "
+        f"`python scripts/gpu_check.py --pack {tmp_path / 'elsewhere'}` where the data is")
+    untrained = check("--device", "cpu", timeout=120)
+    assert untrained.returncode != 0
+    assert untrained.stderr.strip().splitlines()[-1] == (
+        "gpu_check: no model asked for is trained and published in this checkout; "
+        "--seeded checks the entries with seeded weights")
