@@ -231,13 +231,14 @@ def parity(subjects: dict, specs: dict, provider: str, settings: dict) -> dict[s
     out: dict[str, dict[str, dict]] = {setting: {} for setting in settings}
     for name, (model, graphs) in subjects.items():
         for setting, options in settings.items():
+            start = time.perf_counter()
             try:
                 with cuda_options(options):
                     row = summarise(parity_check(model, graphs, specs[name]["cases"], specs[name]["parity"], provider))
             except Exception as err:  # noqa: BLE001 -- one model's failure is a row, not the end of the check
                 row = {"provider": provider, "passed": False, "error": f"{type(err).__name__}: {err}"[:300]}
             out[setting][name] = row
-            print(f"parity {name} ({setting}): {row}", file=sys.stderr, flush=True)
+            print(f"parity {name} ({setting}, {time.perf_counter() - start:.1f} s): {row}", file=sys.stderr, flush=True)
     return out
 
 
@@ -255,6 +256,7 @@ def timing(subjects: dict, specs: dict, device: str, repeats: int, settings: dic
 
     out = {}
     for name, (model, graph_dir) in subjects.items():
+        began = time.perf_counter()
         graphs, meta, groups = loop_inputs(model, specs[name]["cases"])
         graph_sets = {}
         for setting, options in settings.items():
@@ -290,7 +292,7 @@ def timing(subjects: dict, specs: dict, device: str, repeats: int, settings: dic
             row[size] = {k: median_ms(v) for k, v in times.items()}
         first = next(iter(graph_sets.values()))
         out[name] = {"provider": first[next(iter(graphs))].provider, **row}
-        print(f"timing {name}: {out[name]}", file=sys.stderr, flush=True)
+        print(f"timing {name} ({time.perf_counter() - began:.1f} s): {out[name]}", file=sys.stderr, flush=True)
     return out
 
 
