@@ -316,10 +316,7 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
     from pipeline.config import resolve
     from pipeline.tasks import get_task
 
-    run = resolve("transformer", root=root)
-    if not (run.data_dir / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "pipeline.prepare", run.task], cwd=root, check=True)
-        run = resolve("transformer", root=root)
+    run = resolve("transformer", root=root)  # main() checked that its data is prepared
     out_dir = Path(tempfile.mkdtemp(prefix="gpu_check_transformer_"))
     precision = "bf16" if device == "cuda" else "no"  # accelerate's names; "no" is fp32
     log_every = max(1, steps // 10)  # ten logged steps: the steady-state window
@@ -386,6 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to PyTorch here; nothing to check")
         return
+    if args.steps > 0:  # before the parity and timing minutes, whose figures a late failure would lose
+        from pipeline.config import UserError, resolve
+
+        try:
+            resolve("transformer", root=ROOT)
+        except UserError as err:
+            raise SystemExit(f"gpu_check: the Transformer training (--steps) needs its data ({err}), "
+                             f"or pass --steps 0") from None
     trained = trained_models(ROOT)
     names = [m for m in args.models or known if m in trained or args.seeded]
     if not names:

@@ -148,15 +148,16 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["tasks"]["parity"].update(train_size=64, val_size=16, test_size=64)
     params["tasks"]["sort"].update(train_size=64, val_size=16, test_size=16)
-    params["models"] = {m: params["models"][m] for m in ("pointer_sort", "act_parity")}
+    # The Transformer stays listed, without its (large) data: what --steps would train.
+    params["models"] = {m: params["models"][m] for m in ("pointer_sort", "act_parity", "transformer")}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for task in ("parity", "sort"):
         subprocess.run([sys.executable, "-m", "pipeline.prepare", task], cwd=repo, env=env, check=True,
                        capture_output=True, timeout=300)
 
-    def check(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "scripts/gpu_check.py", *args], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+    def check(*args: str, models=("pointer_sort", "act_parity"), timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "scripts/gpu_check.py", *args, "--models", *models],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
 
     packed = check("--pack", str(tmp_path / "cases"), timeout=300)
     assert packed.returncode == 0, packed.stderr[-3000:]
@@ -174,15 +175,20 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     for times in report["timing"].values():
         assert set(times["1"]) == set(times["32"]) == {"pytorch", "onnxruntime_fp32"}
     # Bad input: one sentence naming the fix.
-    bad = check("--device", "cpu", "--models", "nope", timeout=120)
+    bad = check("--device", "cpu", models=("nope", "act_parity"), timeout=120)
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1] == "gpu_check: nope not in params.yaml; `attnzoo list` shows the entries"
-    bare = check("--device", "cpu", "--seeded", "--cases", str(tmp_path / "elsewhere"), timeout=120)
+    bare = check("--device", "cpu", "--seeded", "--steps", "0", "--cases", str(tmp_path / "elsewhere"), timeout=120)
     assert bare.returncode != 0
     assert bare.stderr.strip().splitlines()[-1] == (
         f"gpu_check: {tmp_path / 'elsewhere'} has no cases for pointer_sort, act_parity; pack them with "
         f"`python scripts/gpu_check.py --pack {tmp_path / 'elsewhere'}` where the data is")
-    untrained = check("--device", "cpu", timeout=120)
+    no_data = check("--device", "cpu", "--seeded", "--cases", str(tmp_path / "cases"), timeout=120)
+    assert no_data.returncode != 0  # at once, before the parity and timing minutes
+    assert no_data.stderr.strip().splitlines()[-1] == (
+        f"gpu_check: the Transformer training (--steps) needs its data ({repo}/data/prepared/translation_de_en/"
+        f"manifest.json is missing: run `dvc repro prepare` first), or pass --steps 0")
+    untrained = check("--device", "cpu", "--steps", "0", timeout=120)
     assert untrained.returncode != 0
     assert untrained.stderr.strip().splitlines()[-1] == (
         "gpu_check: no model asked for is trained and published in this checkout; "
