@@ -91,9 +91,9 @@ def merged(old: dict | None, new: dict) -> dict:
 
 
 def entries(root: Path) -> list[str]:
-    import yaml
+    from pipeline.config import load_params
 
-    return list(yaml.safe_load((root / "params.yaml").read_text())["models"])
+    return list(load_params(root)["models"])
 
 
 def trained_models(root: Path) -> list[str]:
