@@ -397,8 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("gpu_check: no model asked for is trained and published in this checkout; "
                          "--seeded checks the entries with seeded weights")
     if args.cases:
-        packed = {m for m in names if (args.cases / f"{m}.pt").exists()}
-        if missing := [m for m in names if m not in packed]:
+        if missing := [m for m in names if not (args.cases / f"{m}.pt").exists()]:
             raise SystemExit(f"gpu_check: {args.cases} has no cases for {', '.join(missing)}; "
                              f"pack them with `python scripts/gpu_check.py --pack {args.cases}` where the data is")
     weights = {m: "published" if m in trained else "seeded" for m in names}
