@@ -3,13 +3,16 @@ VENV ?= .venv
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup repro test lint
+.PHONY: setup repro quickstart test lint
 setup: $(VENV)/.setup-done
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 
 repro: setup         ## the whole pipeline on the default params, one stage per core at a time
 	attnzoo repro --jobs $(JOBS)
+
+quickstart: setup   ## three real models through the whole pipeline, then answering (about 15 minutes on 2 cores)
+	attnzoo quickstart --jobs $(JOBS)
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
 	python -m pytest -q --durations=25; status=$$?; \

@@ -31,7 +31,9 @@ EXTRAS = {"onnxruntime": "serve", **{m: "train,cpu" for m in (
     "scipy")}}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 DESCRIPTIONS = {
-    "repro": "run the pipeline's changed stages in parallel (--jobs N) or on a Ray cluster (--ray)",
+    "quickstart": "train, check, publish and ask three real models in about 15 minutes (the real pipeline)",
+    "repro": "run the pipeline's changed stages in parallel (--jobs N), on a Ray cluster (--ray), or with a "
+             "profile in a scratch copy (--profile smoke)",
     "prepare": "prepare one task's data (the DVC stage prepare@TASK)",
     "tune": "search hyper-parameters of a model entry with Ray Tune (tune@MODEL)",
     "train": "train a model entry with Accelerate, 1 process or many (train@MODEL)",

@@ -632,6 +632,19 @@ def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dr
     return nodes
 
 
+def _run_profile(args: argparse.Namespace) -> int:
+    from pipeline import profiles
+
+    try:
+        return profiles.run(args.profile, args.targets, args.jobs, args.workdir)
+    except profiles.ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to go on", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Run the DVC pipeline's changed stages in parallel (locally or on a Ray cluster) and "
@@ -649,6 +662,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-s", "--single-item", action="store_true",
                         help="only the TARGETs themselves, not the stages they depend on (as dvc repro -s)")
     parser.add_argument("-n", "--dry", action="store_true", help="list the changed stages and run nothing")
+    parser.add_argument("--profile", metavar="NAME",
+                        help="run with profiles/NAME.yaml applied to params.yaml (e.g. smoke: tiny data and "
+                             "models, every stage in minutes), in a scratch copy of the repository; the "
+                             "checkout and its dvc.lock stay untouched")
+    parser.add_argument("--workdir", type=Path, metavar="DIR",
+                        help="with --profile: the scratch copy (default $ATTNZOO_CACHE/profiles/NAME, "
+                             "~/.cache/attnzoo/profiles/NAME); a second run there goes on from the first")
     args = parser.parse_args(argv)
 
     def interrupted(signum, frame):  # a scheduler's or a terminal's SIGTERM stops the stages as Ctrl-C does
@@ -662,6 +682,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--jobs {args.jobs}: give at least 1")
     if args.single_item and not args.targets:
         parser.error("--single-item needs the TARGET stages to run")
+    if args.profile:
+        if args.ray or args.dry or args.single_item:
+            parser.error("--profile runs on this machine: give it without --ray, --dry and --single-item")
+        raise SystemExit(_run_profile(args))
+    if args.workdir:
+        parser.error("--workdir goes with --profile")
     try:
         nodes = repro(Path.cwd() if (Path.cwd() / "dvc.yaml").exists() else ROOT, args.targets, args.jobs,
                       args.ray, args.dry, single_item=args.single_item)

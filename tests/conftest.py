@@ -10,33 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Tiny configs per registered model: a new model is covered by adding one entry here.
-TINY = {
-    "bahdanau": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, enc_hidden=16, dec_hidden=16,
-                     attn_dim=16, maxout_dim=8, dropout=0.0, label_smoothing=0.0, max_len=12),
-    # No score/attention here: the smoke test merges TINY into each params entry, whose variant stays.
-    "luong": dict(src_vocab=30, tgt_vocab=32, emb_dim=16, hidden=16, layers=2, attn_dim=16, window=2,
-                  dropout=0.0, label_smoothing=0.0, max_len=12),
-    "transformer": dict(src_vocab=30, tgt_vocab=32, dim=16, heads=2, ff_dim=32, enc_layers=2, dec_layers=2,
-                        dropout=0.0, label_smoothing=0.0, max_len=12),
-    "ntm": dict(input_size=5, output_size=4, controller_size=24, memory_size=12, word_size=6),
-    "pointer_net": dict(input_size=2, emb_dim=8, hidden=16, attn_dim=16, glimpses=1, max_len=20),
-    "act": dict(input_size=6, hidden=16, max_steps=5, ponder_cost=0.01),
-    "neural_programmer": dict(vocab_size=23, emb_dim=8, hidden=16, steps=3),
-    # doubly_stochastic 0: its floor (about λ·L) would hide the likelihood in the overfit test;
-    # tests/test_show_attend_tell.py checks the term itself.
-    "show_attend_tell": dict(channels=4, conv_layers=3, emb_dim=8, hidden=16, attn_dim=8, dropout=0.0,
-                             doubly_stochastic=0.0),
-    "ram": dict(image_size=16, glimpses=3, patch=4, scales=2, glimpse_hidden=8, glimpse_out=16, hidden=16),
-    "draw": dict(image_size=12, steps=3, hidden=16, latent=4, read_n=2, write_n=3),
-    "attention_ocr": dict(height=16, channels=4, enc_hidden=8, emb_dim=8, hidden=16, attn_dim=8, dropout=0.0,
-                          max_len=8),
-    "speech_attention": dict(input_size=9, layers=1, enc_hidden=8, emb_dim=8, hidden=16, attn_dim=8,
-                             loc_filters=3, loc_width=5, dropout=0.0, max_len=8),
-}
+# Tiny configs per registered model, the smoke profile's (profiles/smoke.yaml `archs`): a new model is
+# covered by adding one entry there.
+TINY = yaml.safe_load((ROOT / "profiles" / "smoke.yaml").read_text())["archs"]
 
 
 SEQ2SEQ = ("bahdanau", "luong", "transformer")  # translation batches: src, src_len, tgt_in, tgt_out

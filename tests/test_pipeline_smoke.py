@@ -8,89 +8,37 @@ import math
 import re
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import TINY, copy_repo, venv_env
+from pipeline import profiles
+from tests.conftest import venv_env
 
 pytestmark = pytest.mark.slow
 
-# 550 pairs of LibreOffice help paragraphs (MPL-2.0) from 90 help pages, as a user's own corpus.
-SMOKE_CORPUS = str(Path(__file__).resolve().parent / "data" / "smoke_de_en.tsv")
-
-# One entry per architecture, plus the entries a task needs (every report@<task> has a model) and
-# those whose distinct pipeline path no other test runs: bahdanau_none (no alignment plots),
-# rnn_parity (act: false), draw_none (no read/write windows in the plots). Dropped, each variant's
-# path is covered elsewhere (on this 2-core machine each entry costs about a minute here):
-#   luong_dot, luong_general, luong_concat -> luong_local_p here (same evaluate/report code);
-#       test_layers::test_luong_scores_match_eq_8 (dot, general, concat scores);
-#       test_registry::test_luong_variants_export_with_parity (dot/global, concat/local_m, general/local_p)
-#       and the test_registry tests on TINY luong (general/global: forward, overfit, export parity)
-#   sat_hard -> test_show_attend_tell::test_hard_attention_objective (REINFORCE),
-#       ::test_reinforce_trains_attention_but_not_the_cnn, ::test_both_variants_export_with_parity[hard-argmax];
-#       sat_soft here runs the same evaluate code
-#   attention_ocr -> ocr_rcnn here (its recursive CNN, same evaluate code); recursions 0 is TINY's
-#       default in test_registry (forward, overfit, export parity)
-#   speech_content -> test_recognition::test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns
-#       [content], ::test_location_aware_attention_reads_the_previous_alignment_and_content_does_not;
-#       test_registry::test_speech_attention_variants_export_with_parity[content];
-#       speech_location here runs the same evaluate code
-KEEP = ["bahdanau", "bahdanau_none", "luong_local_p", "transformer", "ntm", "ntm_repeat_copy", "ntm_recall",
-        "pointer_sort", "pointer_hull", "act_parity", "rnn_parity", "neural_programmer", "sat_soft", "ram",
-        "ram_cluttered", "draw", "draw_none", "ocr_rcnn", "speech_location"]
-# Entries whose tune@ runs a real (local Ray) search here; the others keep an empty search space,
-# so their tune@ writes an empty tuned.yaml without starting Ray. A real search takes both slots
-# (about a minute of the run's wall time each on this machine), and its plumbing is the same for
-# every model: each model's training loop runs in its train@ stage, and tests/test_ray_cluster.py
-# runs tune@ on a two-node cluster with failing trials.
-TUNED = ["ntm"]
+# The smoke profile (profiles/smoke.yaml, `attnzoo repro --profile smoke`): tiny data and models for
+# one entry per architecture and each distinct pipeline path; it lists why each dropped variant's
+# path is covered by a kept one. On this 2-core machine each entry costs about a minute here. The
+# dropped variants' own code is covered elsewhere:
+#   luong_dot, luong_general, luong_concat: test_layers::test_luong_scores_match_eq_8 (dot, general,
+#       concat scores); test_registry::test_luong_variants_export_with_parity
+#   sat_hard: test_show_attend_tell::test_hard_attention_objective (REINFORCE),
+#       ::test_reinforce_trains_attention_but_not_the_cnn, ::test_both_variants_export_with_parity[hard-argmax]
+#   attention_ocr: recursions 0 is TINY's default in test_registry (forward, overfit, export parity)
+#   speech_content: test_recognition::test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns
+#       [content]; test_registry::test_speech_attention_variants_export_with_parity[content]
+SMOKE = profiles.load("smoke")
+KEEP = SMOKE["keep"]
+TUNED = SMOKE["tuned"]  # a real Ray search takes both slots here; tests/test_ray_cluster.py runs it on two nodes
+SMOKE_CORPUS = str(profiles.ROOT / SMOKE["tasks"]["translation_de_en"]["corpus"])
 
 
-def tiny_params(params: dict, keep: list[str] = KEEP) -> dict:
-    """Tiny data and models for ``keep`` (tasks no kept model uses are dropped)."""
-    params["tasks"]["copy"].update(train_size=3000, val_size=64, test_size=32)
-    # A user's own corpus (SMOKE_CORPUS) instead of the Debian download, which is the real pipeline's;
-    # tests/test_corpus_*.py cover each source's parsing.
-    params["tasks"]["translation_de_en"].update(vocab_size=400, corpus=SMOKE_CORPUS, val_size=40, test_size=40,
-                                                max_doc_share=0.25, dict_test_size=0)
-    for task in ("sort", "convex_hull", "repeat_copy", "associative_recall"):
-        params["tasks"][task].update(train_size=500, val_size=32, test_size=16)
-    params["tasks"]["parity"].update(train_size=1000, val_size=64, test_size=300)
-    params["tasks"]["table_qa"].update(train_size=500, val_size=64, test_size=300)
-    for task in ("mnist_captions", "mnist_translated60", "mnist_cluttered60", "mnist_binarized"):
-        params["tasks"][task].update(train_size=300, val_size=32, test_size=32)
-    params["tasks"]["ocr_words"].update(train_size=200, val_size=32, test_size=32)
-    # 192 utterances: 12 steps of 16 in the one epoch, as every other task (the learning curves' rows)
-    params["tasks"]["spoken_digits"].update(train_size=192, val_size=16, test_size=16, test_long_size=8)
-    # One pass over each 2-point grid: still two trials (child runs) per model, in one wave on 2 cores.
-    params["tune"].update(num_samples=1, max_steps=6, eval_every=3)
-    params["models"] = {name: params["models"][name] for name in keep}
-    if keep is KEEP:
-        assert {e["task"] for e in params["models"].values()} == set(params["tasks"]), "a task lost its last model"
-    params["tasks"] = {task: spec for task, spec in params["tasks"].items()
-                       if task in {e["task"] for e in params["models"].values()}}
-    for name, entry in params["models"].items():
-        if name not in TUNED:
-            entry["search_space"] = {}
-        entry["model"] = {**entry.get("model", {}), **TINY[entry["arch"]]}
-        for key in ("src_vocab", "tgt_vocab", "input_size", "output_size", "vocab_size", "image_size", "height"):
-            entry["model"].pop(key, None)  # these come from the prepared data
-        # A model's own tune budget (RAM, NTM recall) would override the tiny one above; the key stays
-        # (empty) because tune@ lists models.<name>.tune among its params and DVC needs it present.
-        entry["tune"] = {}
-        # A 12-step walking NTM reads with weights ~1e3 times more sensitive to rounding than a
-        # plain one: ORT and PyTorch differ by up to 7e-4 there, beyond the real 1e-4 gate. That
-        # path's parity is tested in test_registry (tiny, untrained) and gated at export on the
-        # trained model (2e-5); here the pipeline runs the plain NTM.
-        entry["model"].pop("write_walk", None)
-        entry["train"] = {**entry.get("train", {}), "max_steps": 12, "eval_every": 6, "log_every": 3, "epochs": 1,
-                          "batch_size": 16, "warmup_steps": 2}
-        entry["evaluate"] = {**entry.get("evaluate", {}), "max_sentences": 24, "max_images": 24, "max_utterances": 12,
-                             "beam": 3,
-                             "beam_examples": 8}
-    return params
+def tiny_params(params: dict, keep: list[str] | None = None) -> dict:
+    """params.yaml with the smoke profile applied, narrowed to ``keep`` (tasks no kept model uses dropped)."""
+    return profiles.apply(params, SMOKE, keep)
 
 
 def run(cmd: list[str], cwd: Path, env: dict) -> str:
@@ -117,21 +65,28 @@ def assert_dvc_clean(repo: Path, env: dict, *targets: str) -> None:
     assert "up to date" in out and "changed" not in out, out
 
 
+def checkout_state() -> tuple[str, bytes, bool]:
+    """What a profile run must not change in the checkout: git's view, dvc.lock, the MLflow store."""
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--",
+                             "dvc.lock", "runs", "results", "reports", "model_repository", "mlflow.db"],
+                            cwd=profiles.ROOT, capture_output=True, text=True, check=True).stdout
+    mlflow_db = profiles.ROOT / "mlflow.db"
+    return status, (profiles.ROOT / "dvc.lock").read_bytes(), mlflow_db.exists() and mlflow_db.stat().st_mtime
+
+
 def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
     """Every architecture through every stage with ``attnzoo repro --jobs 2``: a training that cannot
     start stops only its branch, a re-run once it is fixed runs only that branch, and afterwards
     plain ``dvc status`` / ``dvc repro`` find nothing to do; a model trained in parallel scores what
     a sequential ``dvc repro`` of it scores."""
-    repo = copy_repo(tmp_path / "repo")
+    repo = profiles.lay_out(profiles.ROOT, tmp_path / "repo", "smoke")  # as `attnzoo repro --profile smoke` does
     env = venv_env(repo)
-    params = tiny_params(yaml.safe_load((repo / "params.yaml").read_text()))
-    good = yaml.safe_dump(params, sort_keys=False)
-    broken = yaml.safe_load(good)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    assert {e["task"] for e in params["models"].values()} == set(params["tasks"]) == set(
+        yaml.safe_load((profiles.ROOT / "params.yaml").read_text())["tasks"]), "a task lost its last model"
+    broken = yaml.safe_load((repo / "params.yaml").read_text())
     broken["models"]["pointer_sort"]["model"]["hidden"] = -1  # its training cannot start
     (repo / "params.yaml").write_text(yaml.safe_dump(broken, sort_keys=False))
-    for path in ("dvc.lock", "runs", "results", "reports"):
-        subprocess.run(["rm", "-rf", str(repo / path)], check=True)
-    run(["git", "init", "-q"], repo, env)
 
     first = attnzoo_repro(repo, env, "--jobs", "2")  # what `make repro` runs on this 2-core machine
     assert first.returncode == 1, first.stdout[-4000:] + first.stderr[-4000:]
@@ -144,9 +99,15 @@ def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
     assert "failed: train@pointer_sort" in first.stdout and "train_pointer_sort.log" in first.stdout, first.stdout
     assert "hidden" in (repo / ".dvc" / "tmp" / "repro" / "train_pointer_sort.log").read_text()
 
-    # Fixed, a re-run continues: only the failed branch runs (its tune@ too: its params changed back).
-    (repo / "params.yaml").write_text(good)
-    second = attnzoo_repro(repo, env, "--jobs", "2")
+    # Fixed by the user's command from the checkout: `attnzoo repro --profile smoke` lays the profile's
+    # params.yaml out again in the same work folder and goes on, leaving the checkout as it was. Only
+    # the failed branch runs (its tune@ too: its params changed back).
+    before = checkout_state()
+    second = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--profile", "smoke", "--workdir",
+                             str(repo), "--jobs", "2"], cwd=profiles.ROOT, capture_output=True, text=True,
+                            timeout=3600, env={k: v for k, v in env.items() if k not in ("PYTHONPATH",
+                                                                                          "MLFLOW_TRACKING_URI")})
+    assert checkout_state() == before
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     ran = {stage for stage, row in summary(repo).items() if row["state"] == "ran"}
     assert {"train@pointer_sort", "publish@pointer_sort", "report@sort"} <= ran, ran
