@@ -35,10 +35,13 @@ def _bar(workdir: Path, name: str) -> str:
 def _answer(name: str, inputs: dict, outs: dict) -> list[str]:
     """A person's reading of one answer (the JSON that ``attnzoo predict`` prints holds the same)."""
     if name == "neural_programmer":
+        from models.neural_programmer import OPERATIONS
+
         cells = np.argwhere(outs["cells"][0])
         answer = (f"the cells at (row, column) {[tuple(map(int, c)) for c in cells]}" if outs["is_lookup"][0]
                   else f"{float(outs['answer'][0]):g}")
-        steps = [f"step {t + 1}: operation {int(o.argmax())}, column '{inputs['columns'][0][int(c.argmax())]}'"
+        columns = inputs["columns"][0]
+        steps = [f"step {t + 1}: operation '{OPERATIONS[int(o.argmax())]}', column '{columns[int(c.argmax())]}'"
                  for t, (o, c) in enumerate(zip(outs["op_weights"][0], outs["col_weights"][0]))]
         return [f"question: {inputs['question'][0]}", f"answer:   {answer}", *steps]
     if name == "pointer_sort":
@@ -47,8 +50,9 @@ def _answer(name: str, inputs: dict, outs: dict) -> list[str]:
         return [f"numbers:  {points}", f"pointers: {order}", f"sorted:   {[points[i] for i in order]}"]
     if name == "act_parity":
         bits = [int(b) for b in inputs["x"][0]]
-        return [f"bits:    {bits} (sum of the nonzero inputs' signs, parity of the +1s)",
-                f"parity:  {int(outs['bits'][0][0])}, after {int(outs['steps'][0])} ponder steps"]
+        return [f"inputs:  {bits} ({bits.count(1)} of them +1)",
+                f"parity:  {int(outs['bits'][0][0])} (1: an odd number of +1s), after {int(outs['steps'][0])} "
+                "ponder steps"]
     return [json.dumps({k: v.tolist() for k, v in outs.items()})]
 
 
