@@ -1,0 +1,123 @@
+"""The README as a newcomer meets it: short, its two first commands, generated tables that match the
+committed runs, every command in its code blocks run by some test, and the quick start's code path
+(the real stages, then the published models answering the sample inputs) run end to end on the smoke
+profile in a scratch copy that leaves the checkout untouched."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import profiles
+from tests.conftest import ROOT
+from tests.test_pipeline_smoke import checkout_state
+
+README = ROOT / "README.md"
+
+# Each kind of README command line -> the test that runs it (file::function). A new command in the
+# README needs a line here, and so a test that runs it.
+SERVING_BLOCK = ("tests/test_readme_commands.py::"
+                 "test_readme_serving_block_runs_as_written_through_the_server_and_locally")
+COVERED = {
+    ("make", "repro"): "tests/test_pipeline_smoke.py::test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do",
+    ("make", "test"): ".ci/run",
+    ("make", "quickstart"): "tests/test_readme.py::test_quickstart_trains_publishes_and_answers_the_sample_inputs",
+    ("attnzoo", "quickstart"): "tests/test_readme.py::test_quickstart_trains_publishes_and_answers_the_sample_inputs",
+    ("attnzoo", "repro"): "tests/test_pipeline_smoke.py::test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do",
+    ("attnzoo", "serve"): SERVING_BLOCK,
+    ("attnzoo", "predict"): SERVING_BLOCK,
+    ("attnzoo", "translate"): SERVING_BLOCK,
+    ("attnzoo", "train"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "evaluate"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "publish"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "list"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "--help"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("dvc", "repro"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("dvc", "plots"): "tests/test_docs.py::test_readme_plots_commands_draw_the_learning_curve_they_name",
+    ("source", ".venv/bin/activate"): "scripts/setup.sh",
+}
+
+
+def readme_commands() -> list[list[str]]:
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_readme_is_short_and_opens_with_its_two_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 160, len(text.splitlines())
+    first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1)
+    assert [shlex.split(line, comments=True) for line in first.splitlines()] == [["make", "repro"], ["make", "test"]]
+
+
+def test_readme_generated_tables_match_the_committed_runs():
+    done = subprocess.run([sys.executable, "scripts/readme_tables.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_readme_command_is_run_by_a_test():
+    for argv in readme_commands():
+        key = tuple(argv[:2])
+        assert key in COVERED, f"no test runs the README line {' '.join(argv)}: add one and name it in COVERED"
+        where, _, test = COVERED[key].partition("::")
+        assert (ROOT / where).exists(), where
+        if test:
+            assert re.search(rf"^def {re.escape(test)}\(", (ROOT / where).read_text(), flags=re.M), COVERED[key]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """`attnzoo quickstart --profile smoke` in a scratch folder: (its work folder, what it printed)."""
+    work = tmp_path_factory.mktemp("quickstart") / "work"
+    before = checkout_state()
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "quickstart", "--profile", "smoke", "--workdir",
+                           str(work), "--jobs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert checkout_state() == before
+    return work, done.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_trains_publishes_and_answers_the_sample_inputs(quickstart):
+    """`attnzoo quickstart` (what `make quickstart` runs after the setup) on the smoke profile: every
+    stage of its three entries, then each published model answers its sample input of examples/."""
+    work, out = quickstart
+    for name, example in (("neural_programmer", "examples/table_qa.json"), ("pointer_sort", "examples/sort.json"),
+                          ("act_parity", "examples/parity.json")):
+        assert f"$ attnzoo predict {name} {example} --local --attention" in out, out
+        assert (work / "model_repository" / name / "1" / "metadata.json").exists()
+        assert f"attention plots: runs/{name}/plots/" in out, out
+    # the answers are read off the models' outputs: a table answer, a permutation of the 5+ numbers, a parity bit
+    assert re.search(r"answer: +(-?[\d.e+]+|the cells at)", out), out
+    pointers = [int(i) for i in re.search(r"pointers: \[([\d, ]+)\]", out).group(1).split(",")]
+    assert sorted(pointers) == list(range(len(pointers))) and len(pointers) >= 5, pointers
+    assert re.search(r"parity: +[01] ", out), out
+
+
+@pytest.mark.slow
+def test_readme_single_stage_block_runs_as_written(quickstart, tmp_path):
+    """The README's single-stage lines (`dvc repro STAGE`, ad-hoc `attnzoo train/evaluate/publish`
+    into a folder, `attnzoo list`, `--help`) in the quick start's smoke-profile folder, its ad-hoc
+    folder under tmp_path; the `dvc plots` line runs in tests/test_docs.py."""
+    work, _ = quickstart
+    lines = [argv for argv in readme_commands() if argv[:2] in (["dvc", "repro"], ["attnzoo", "train"],
+                                                              ["attnzoo", "evaluate"], ["attnzoo", "publish"],
+                                                              ["attnzoo", "list"], ["attnzoo", "--help"])]
+    assert len(lines) >= 5, lines
+    env = {**profiles.env_for(work), "PATH": f"{sys.prefix}/bin:" + os.environ["PATH"]}
+    for argv in lines:
+        argv = [str(tmp_path / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
+        cmd = argv if argv[0] == "dvc" else [sys.executable, "-m", "pipeline.cli", *argv[1:]]
+        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (argv, done.stdout[-3000:], done.stderr[-3000:])
+        if argv[1] == "publish":
+            out = argv[argv.index("--run") + 1]
+            assert list((Path(out) / "model_repository").glob("*/1/metadata.json")), argv
