@@ -1,6 +1,6 @@
 """The README's serving table names the inputs and outputs the server really has, for every kind
-of served model (read from the tiny published repository), and the docs link only to files that
-exist in the repository."""
+of served model (read from the tiny published repository); the docs link to and name only files that
+exist in the repository, and read as reference: no dated headings, issue numbers or work log."""
 
 from __future__ import annotations
 
@@ -44,8 +44,15 @@ def test_readme_serving_table_matches_the_served_metadata(published, model):
         assert f"`{spec['name']}`" in outputs, (model, spec, outputs)
 
 
+def _reference_docs() -> list:
+    """The docs a user reads as reference: the README, CONTRIBUTING, docs/*.md and the READMEs of
+    deploy/ and data/corpora/."""
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+            ROOT / "deploy" / "README.md", ROOT / "data" / "corpora" / "README.md"]
+
+
 def test_docs_link_only_to_files_in_the_repository():
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in _reference_docs():
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text()):
             if "://" in target:
                 continue
@@ -60,6 +67,92 @@ def test_docs_link_only_to_files_in_the_repository():
             continue
         found = outside.search(path.read_text(errors="replace"))
         assert found is None, f"{name}: '{found.group(0)}' refers to something outside the repository"
+
+
+# A path a doc names in backticks under one of these folders must exist (a renamed or deleted file is
+# caught); placeholders (`models/<arch>.py`, `runs/*/`) and pytest node ids (`::`) are not paths.
+NAMED_PATH = re.compile(r"`((?:models|pipeline|serving|tests|scripts|deploy|docs|profiles)/[\w./-]*)`")
+
+
+def test_docs_name_only_paths_that_exist():
+    missing = [f"{doc.relative_to(ROOT)}: `{path}`" for doc in _reference_docs()
+               for path in NAMED_PATH.findall(doc.read_text()) if not (ROOT / path).exists()]
+    assert not missing, "docs name paths the repository does not have:\n" + "\n".join(missing)
+
+
+# Docs are reference, not a work log: a heading carries no date, no line cites an issue number, and
+# no line tells how the work went ("this session", "landed on main"). Fenced code and `code spans`
+# are left out of the word check (`session.run`); an ONNX Runtime session is a session of a
+# library, so "ONNX Runtime session(s)" (also onnxruntime's, ORT's, CUDA's, "inference session")
+# is allowed. Link targets and URLs are left out of the issue check (anchors, fragments), and so is
+# a colour in code (`#000`, `#336699`).
+_FENCE = re.compile(r"^\s{0,3}(?:```|~~~)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+_ISSUE = re.compile(r"(?<![\w&#/])#\d+(?![\w-])")
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_LINK_OR_URL = re.compile(r"\]\([^)]*\)|<?\bhttps?://[^\s)>]*>?")
+_COLOUR = re.compile(r"#(?:\d{3}|\d{6})\b")
+_WORK_LOG = re.compile(r"\b(?:sessions?|landed)\b", re.I)
+_LIBRARY_SESSION = re.compile(r"\b(?:ONNX Runtime|onnxruntime|ORT|CUDA|inference)(?:['’]s)?"
+                              r"(?:\s+(?!(?:this|that|the|a|an|in|of|for|to|each|every)\b)[\w-]+)?\s+sessions?\b", re.I)
+
+
+def work_log_lines(text: str) -> list[tuple[int, str]]:
+    """``[(line number, what is wrong)]`` of one markdown text, by the rules above."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced:
+            code = _LINK_OR_URL.sub(" ", line)
+            issues = [m.group(0) for m in _ISSUE.finditer(code) if not _COLOUR.fullmatch(m.group(0))]
+            found += [(number, f"issue reference {i!r} in code") for i in issues]
+            continue
+        if _HEADING.match(line) and _DATE.search(line):
+            found.append((number, f"dated heading {line.strip()!r}"))
+        spans = [m.group(0) for m in _CODE_SPAN.finditer(line)]
+        prose = _CODE_SPAN.sub(" ", _LINK_OR_URL.sub(" ", line))
+        issues = [m.group(0) for m in _ISSUE.finditer(prose)]
+        issues += [m.group(0) for s in spans for m in _ISSUE.finditer(_LINK_OR_URL.sub(" ", s))
+                   if not _COLOUR.fullmatch(m.group(0))]
+        found += [(number, f"issue reference {i!r}") for i in issues]
+        found += [(number, f"work-log word {w!r}") for w in _WORK_LOG.findall(_LIBRARY_SESSION.sub(" ", prose))]
+    return found
+
+
+def test_the_work_log_check_tells_reference_from_history():
+    text = "\n".join([
+        "# Results (2026-11-25)",                       # 1: dated heading
+        "## Results",
+        "Fixed in #24, see [the flow](architecture.md#1-the-data-flow) and https://x.org/a#12.",  # 3: #24 only
+        "The fifth session measured it; the retrain landed on main.",  # 4: two words
+        "One ONNX Runtime session per graph; onnxruntime's CUDA sessions; `session.run` twice.",
+        "Measured 2026-11-25 on this machine.",         # a date in prose is not a heading
+        "```bash",
+        "# 2026-11-25: a shell comment, not a heading; colour '#336699', see #7",  # 8: #7 only
+        "sess.run(None, feeds)  # one session",
+        "```",
+        "A colour in code: `#fff`, `#000`; not in prose: #100.",  # 11: #100
+        "No GPU was lent for the CUDA EP in this session.",  # 12: not an ONNX Runtime session
+    ])
+    assert work_log_lines(text) == [
+        (1, "dated heading '# Results (2026-11-25)'"),
+        (3, "issue reference '#24'"),
+        (4, "work-log word 'session'"), (4, "work-log word 'landed'"),
+        (8, "issue reference '#7' in code"),
+        (11, "issue reference '#100'"),
+        (12, "work-log word 'session'"),
+    ]
+
+
+def test_docs_read_as_reference_not_as_a_work_log():
+    # Fails on a doc that still has dated headings, issue numbers or work-log words: fix the lines it
+    # lists (state the fact, drop the story; the story belongs in the commit message).
+    offenders = [f"{doc.relative_to(ROOT)}:{number}: {what}" for doc in _reference_docs()
+                 for number, what in work_log_lines(doc.read_text())]
+    assert not offenders, f"{len(offenders)} line(s) read as a work log:\n" + "\n".join(offenders)
 
 
 def test_results_table_is_generated_from_the_committed_metrics():
