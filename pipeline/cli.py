@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib
 import os
+import re
 import sys
 import types
 import typing
@@ -65,7 +66,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise SystemExit(f"error: override '{item}' is not KEY=VALUE (e.g. --set lr=0.001)")
         key, value = item.split("=", 1)
-        out[key] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 3e-4 (no dot) as a string; Python and users read a float
+            parsed = float(parsed) if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", parsed) else parsed
+        out[key] = parsed
     return out
 
 

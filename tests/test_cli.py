@@ -123,6 +123,14 @@ def test_set_values_are_checked_against_the_config_types(setting, message):
     assert proc.stderr.strip() == f"error: {message}"
 
 
+def test_set_reads_scientific_notation_as_a_float():
+    # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; a user means the float.
+    from pipeline.cli import parse_overrides
+
+    assert parse_overrides(["lr=3e-4", "lr_min=1E-6", "attention=none", "hidden=1e3x"]) == {
+        "lr": 3e-4, "lr_min": 1e-6, "attention": "none", "hidden": "1e3x"}
+
+
 def test_set_values_of_the_model_config_are_checked_too():
     from pipeline.cli import check_override_types
 
