@@ -1,0 +1,116 @@
+"""docs/benchmarks.md is a reference of current figures: its inference block is the render of the
+committed docs/bench_inference.json, its GPU tables are the summaries of docs/gpu_check/*.json, its
+list of int8 variants that are not published matches runs/*/int8_metrics.json, and it stays short,
+undated and about the figures (no account of how the work went). Reads files only: fast."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_inference  # noqa: E402
+import gpu_check  # noqa: E402
+
+DOC = ROOT / "docs" / "benchmarks.md"
+GPU_REPORTS = sorted((ROOT / "docs" / "gpu_check").glob("*.json"))
+
+
+def _text() -> str:
+    return DOC.read_text()
+
+
+def test_the_inference_block_is_the_render_of_the_committed_json():
+    text = _text()
+    block = text[text.index(bench_inference.START):text.index(bench_inference.END) + len(bench_inference.END)]
+    assert block == bench_inference.rendered()
+    # --check-docs agrees, and --render-docs would leave the file as it is.
+    assert bench_inference.with_table(text, bench_inference.rendered()) == text
+
+
+def test_the_block_names_the_machine_of_every_run_in_the_json():
+    kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())
+    block = bench_inference.rendered()
+    machines = {r.get("machine") or kept["machine"] for r in kept["rows"]} | {kept["machine"]}
+    for machine in machines:
+        assert f" {machine}" in block, machine
+    # one line per model and variant: every model of the JSON twice, fp32 and int8
+    for row in kept["rows"]:
+        lines = [line for line in block.splitlines() if re.match(rf"\| {re.escape(row['model'])}\W* \|", line)]
+        assert [line.split(" | ")[2] for line in lines] == ["fp32", "int8"], row["model"]
+
+
+def test_check_docs_exits_1_when_the_block_differs(tmp_path, monkeypatch):
+    changed = tmp_path / "benchmarks.md"
+    text = _text()
+    start = text.index(bench_inference.START)
+    changed.write_text(text[:start] + text[start:].replace("| fp32 |", "| fp32 (edited) |", 1))
+    monkeypatch.setattr(bench_inference, "DOCS", changed)
+    with pytest.raises(SystemExit) as stopped:
+        bench_inference.main(["--check-docs"])
+    assert stopped.value.code not in (None, 0)
+    bench_inference.main(["--render-docs"])  # rewrites the block from the JSON, measuring nothing
+    assert changed.read_text() == _text()
+
+
+def _report(path) -> dict:
+    """A docs/gpu_check JSON as gpu_check.summary_lines takes it (batch sizes are ints there)."""
+    report = json.loads(path.read_text())
+    report["timing"] = {m: {int(k) if k.isdigit() else k: v for k, v in t.items()}
+                        for m, t in report["timing"].items()}
+    return report
+
+
+@pytest.mark.parametrize("path", GPU_REPORTS, ids=lambda p: p.stem)
+def test_the_gpu_figures_are_those_of_docs_gpu_check(path):
+    report = _report(path)
+    text = _text()
+    heading = f"### {report['device']}\n"
+    assert heading in text, report["device"]
+    section = text[text.index(heading):]
+    section = section[:section.index("\n### ", 1)] if "\n### " in section[1:] else section
+    assert f"PyTorch {report['torch']}, onnxruntime {report['onnxruntime']}" in section
+    assert f"docs/gpu_check/{path.name}" in section
+    expected = [line for line in gpu_check.summary_lines(report, list(report["parity"]))
+                if line.startswith("|") or line.startswith("Transformer (")]
+    shown = [line for line in section.splitlines() if line.startswith("|") or line.startswith("Transformer (")]
+    assert shown == expected
+    # the command above the tables names the models of the report
+    command = next(line for line in section.splitlines() if line.startswith("bash scripts/gpu_check.sh"))
+    assert command.split("--models ")[1].split() == report["models"]
+
+
+def test_every_gpu_report_has_a_section():
+    headings = re.findall(r"^### (NVIDIA .+)$", _text(), flags=re.M)
+    assert sorted(headings) == sorted(json.loads(p.read_text())["device"] for p in GPU_REPORTS)
+
+
+def test_the_int8_variants_said_unpublished_are_those_whose_gate_fails():
+    text = " ".join(_text().split())
+    said = text[text.index("it does not for "):]
+    said = said[:said.index("no quality bar to compare on")]
+    named = set(re.findall(r"`([a-z_0-9]+)`", said))
+    failing = {p.parent.name for p in (ROOT / "runs").glob("*/int8_metrics.json")
+               if not json.loads(p.read_text())["gate"]["passed"]}
+    assert named == failing
+
+
+def test_the_training_table_agrees_with_its_parameter_count():
+    metrics = json.loads((ROOT / "runs" / "sat_soft" / "metrics.json").read_text())
+    assert f"{metrics['parameters']:,} parameters" in " ".join(_text().split())
+
+
+def test_short_undated_and_about_the_figures():
+    text = _text()
+    assert len(text.splitlines()) <= 330
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert headings and not [h for h in headings if re.search(r"20\d\d-\d\d-\d\d", h)]
+    assert not re.search(r"#\d+", text), re.search(r".{30}#\d+.{10}", text)
+    for word in (r"\bsessions?\b", r"\blanded\b", r"\blent\b", r"\bthis task\b"):
+        found = re.search(word, text, flags=re.I)
+        assert found is None, text[max(0, found.start() - 60):found.end() + 20]
