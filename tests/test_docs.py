@@ -1,6 +1,7 @@
-"""The README's serving table names the inputs and outputs the server really has, for every kind
-of served model (read from the tiny published repository); the docs link to and name only files that
-exist in the repository, and read as reference: no dated headings, issue numbers or work log."""
+"""docs/serving.md's table of served names gives the inputs and outputs the server really has, for
+every kind of served model (read from the tiny published repository); the docs link to and name
+only files that exist in the repository, and read as reference: no dated headings, issue numbers
+or work log."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ import yaml
 from serving.client import LocalClient
 from tests.conftest import ROOT
 
-# the tiny repository's model -> the README row that documents its kind
+# the tiny repository's model -> the docs/serving.md row that documents its kind
 ROWS = {"bahdanau": "bahdanau", "luong": "luong_*", "transformer": "transformer", "ntm": "ntm",
         "pointer": "pointer_sort", "act": "act_parity", "programmer": "neural_programmer", "captioner": "sat_soft",
         "ram": "ram", "draw": "draw", "ocr": "attention_ocr", "speech": "speech_location"}
 
 
 def _serving_table() -> dict[str, tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "serving.md").read_text()
     table = text[text.index("| name | input | outputs |"):]
     rows = {}
     for line in table.splitlines()[2:]:
@@ -35,7 +36,7 @@ def _serving_table() -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.parametrize("model", sorted(ROWS))
-def test_readme_serving_table_matches_the_served_metadata(published, model):
+def test_serving_doc_table_matches_the_served_metadata(published, model):
     inputs, outputs = _serving_table()[ROWS[model]]
     meta = LocalClient(published.repo).model_metadata(model)
     for spec in meta["inputs"]:
