@@ -17,10 +17,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Stages recorded with older code that the retraining in parts (docs/results.md, "The pipeline from
-# a fresh clone") has not reached yet. The list only shrinks: a listed stage that is current fails
-# the test too, so it is taken off in the same change that brought it up to date.
-KNOWN_STALE: set[str] = set()  # empty since part B (2026-11-25): every entry records the tree
+# Stages recorded with older code that a retraining has not reached yet. The list only shrinks: a
+# listed stage that is current fails the test too, so it is taken off in the same change that
+# brought it up to date.
+KNOWN_STALE: set[str] = set()  # empty: every entry records the tree
 
 
 def stale_stages(root: Path = ROOT) -> dict[str, list[str]]:

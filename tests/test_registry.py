@@ -117,7 +117,7 @@ def test_overfits_one_batch(arch):
     last = float(loss.detach())
     # DRAW: 100 -> 22 nats here, the bound of the three boxes' pixel marginals: on three images at
     # lr 1e-2 the posterior collapses (KL 0) before the latent pays for itself. The full run does
-    # use it (KL 25.8 of 91.1 nats, docs/results.md); tests/test_ram_draw.py checks the terms.
+    # use it (KL 26.06 of 90.82 nats, runs/draw/metrics.json); tests/test_ram_draw.py checks the terms.
     assert last < {"draw": 0.25}.get(arch, 0.2) * first, (first, last)
 
 
