@@ -1,7 +1,9 @@
-"""The README's serving block, run as written: `attnzoo serve` (on loopback instead of 0.0.0.0, on a
-free port) and every `attnzoo predict` / `attnzoo translate` line, against a tiny repository that
-holds each model the README names, built as `publish` builds one. Each line runs once through the
-server and once with `--local`, and both must give the same answer."""
+"""The README's serving lines, run as written: `attnzoo serve` (on loopback, on a free port) and every
+`attnzoo predict` / `attnzoo translate` line, against a tiny repository that holds each model the
+README names, built as `publish` builds one. Their inputs are the files of examples/
+(scripts/make_examples.py: real test items), used as they are: the lines run in a folder that holds
+examples/ (a link to the repository's), and the tiny models take the examples' real sizes. Each line
+runs once through the server and once with `--local`, and both must give the same answer."""
 
 from __future__ import annotations
 
@@ -14,25 +16,48 @@ import subprocess
 import sys
 import time
 import urllib.request
-import wave
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import models
+from pipeline.config import load_params
 from tests.conftest import ROOT, TINY, stop_process
-from tests.serving_repo import _publish
+from tests.serving_repo import _Publisher
 from tests.test_cli import cli
 
-# The README's ntm example: 8 bits and the delimiter channel, as the copy task's data has them.
-SHAPES = {"ntm": {"input_size": 9, "output_size": 8}}
+README = ROOT / "README.md"
+# What `predict` reads as a file (serving/client.py): images, WAV, .npy, JSON; `translate -i`: text.
+FILE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".wav", ".npy", ".json", ".txt"}
+
+
+def shapes() -> dict[str, dict]:
+    """Served name -> the sizes its tiny model needs to take the example's real input (over TINY)."""
+    tasks = load_params(ROOT)["tasks"]
+    params = load_params(ROOT)["models"]
+    from pipeline.tasks.sort import SortTask
+
+    bits, canvas = tasks["copy"]["bits"], {t: tasks[t]["canvas"] for t in ("mnist_translated60", "mnist_cluttered60")}
+    draw_latent = models.make_config("draw", params["draw"].get("model", {})).latent
+    return {
+        "ntm": {"input_size": bits + 1, "output_size": bits},  # 8 bits and the delimiter channel
+        "pointer_sort": {"input_size": SortTask.point_size},  # one float a point (pointer_hull: 2, as TINY)
+        "act_parity": {"input_size": tasks["parity"]["bits"]},
+        "rnn_parity": {"input_size": tasks["parity"]["bits"]},
+        "ram": {"image_size": canvas["mnist_translated60"]},
+        "ram_cluttered": {"image_size": canvas["mnist_cluttered60"]},
+        "draw": {"latent": draw_latent},
+        "draw_none": {"latent": draw_latent},
+        "attention_ocr": {"height": tasks["ocr_words"]["height"]},
+        "ocr_rcnn": {"height": tasks["ocr_words"]["height"]},
+    }
 
 
 def readme_serving_lines() -> list[list[str]]:
     """The `attnzoo serve / predict / translate` lines of the README's bash blocks, split as the shell would."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
     lines = [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()]
     return [argv for argv in lines if argv[:2] in (["attnzoo", "serve"], ["attnzoo", "predict"],
                                                    ["attnzoo", "translate"])]
@@ -42,50 +67,56 @@ def _model_of(argv: list[str]) -> str:
     return argv[argv.index("--model") + 1] if argv[1] == "translate" else argv[2]
 
 
+def _file_inputs(argv: list[str]) -> list[str]:
+    """The input files a predict / translate line names (`-i FILE`; a predict INPUT read as a file)."""
+    if argv[1] == "translate":
+        flag = "-i" if "-i" in argv else "--input"
+        return [argv[argv.index(flag) + 1]]
+    inputs = []
+    for arg in argv[3:]:
+        if arg.startswith("--"):
+            break
+        if Path(arg).suffix.lower() in FILE_SUFFIXES and not arg.lstrip().startswith("{"):
+            inputs.append(arg)
+    return inputs
+
+
+def test_readme_inputs_are_files_of_examples():
+    """Every input file a README line names is one of examples/, there in the repository."""
+    lines = [argv for argv in readme_serving_lines() if argv[1] != "serve"]
+    named = [(argv, path) for argv in lines for path in _file_inputs(argv)]
+    assert named, "the README's predict / translate lines name no input file"
+    for argv, path in named:
+        assert Path(path).parts[0] == "examples" and len(Path(path).parts) == 2, (shlex.join(argv), path)
+        assert (ROOT / path).is_file(), f"{shlex.join(argv)}: {path} is not in the repository"
+
+
 @pytest.fixture(scope="module")
 def readme_repo(published, tmp_path_factory):
     """model_repository/<name> for every model a README line names: the tiny published model of the
-    same architecture (tests/serving_repo.py), copied under the README's name, or one built here
-    where the README's input needs other sizes."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())["models"]
+    same architecture (tests/serving_repo.py), copied under the README's name, or one built here at
+    the example's sizes (``shapes()``); and a folder to run the lines in, holding examples/."""
+    params = load_params(ROOT)["models"]
     tmp = tmp_path_factory.mktemp("readme")
-    repo = tmp / "model_repository"
+    repo, work = tmp / "model_repository", tmp_path_factory.mktemp("readme-export")
+    (tmp / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     by_arch = {}
     for folder in sorted(published.repo.iterdir()):
         meta = json.loads((folder / "1" / "metadata.json").read_text())
         by_arch.setdefault(meta["arch"], folder)
+    sized, publish = shapes(), _Publisher(repo, work)
     for seed, name in enumerate(sorted({_model_of(argv) for argv in readme_serving_lines() if argv[1] != "serve"})):
         arch = params[name]["arch"]
-        if name in SHAPES:
+        if name in sized:
             torch.manual_seed(seed)
-            _publish(repo, name, arch, params[name]["task"], models.build(arch, {**TINY[arch], **SHAPES[name]}).eval(),
-                     tmp, [])
+            publish(name, arch, params[name]["task"], models.build(arch, {**TINY[arch], **sized[name]}).eval(), [])
             continue
         assert arch in by_arch, f"the README names {name}; give tests/serving_repo.py a tiny {arch}"
         shutil.copytree(by_arch[arch] / "1", repo / name / "1")
         meta_path = repo / name / "1" / "metadata.json"
         meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "model": name}))
+    publish.finish()
     return repo, tmp
-
-
-def _inputs(url: str, tmp, argv: list[str]) -> None:
-    """The line's input file, written where the line expects it (cwd ``tmp``) at the model's sizes."""
-    from PIL import Image
-
-    with urllib.request.urlopen(f"{url}/v2/models/{_model_of(argv)}", timeout=10) as r:
-        meta = json.loads(r.read())
-    for i, arg in enumerate(argv):
-        if arg.endswith(".png"):
-            # [N, H, W]: an image model's fixed size; a text line's free width (-1) is scaled to its height
-            height, width = (d if d > 0 else 32 * (k + 1) for k, d in enumerate(meta["inputs"][0]["shape"][1:3]))
-            pixels = (np.random.default_rng(0).random((height, width)) * 255).astype(np.uint8)
-            Image.fromarray(pixels, mode="L").save(tmp / arg)
-        elif arg.endswith(".wav"):
-            with wave.open(str(tmp / arg), "wb") as w:  # one second of a 440 Hz tone, 16 kHz mono 16-bit
-                w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
-                w.writeframes((np.sin(np.arange(16000) * 2 * np.pi * 440 / 16000) * 8000).astype("<i2").tobytes())
-        elif argv[i - 1] == "-i":
-            (tmp / arg).write_text("\n".join(["Wo ist der Hund?", "Ich habe heute keine Zeit.", ""]) + "\n")
 
 
 def _free_port() -> int:
@@ -99,11 +130,30 @@ def _run(argv: list[str], cwd) -> subprocess.CompletedProcess:
     return cli(*argv[1:], cwd=cwd, timeout=180)
 
 
+def _same_answer(line: list[str], via_server: subprocess.CompletedProcess, local: subprocess.CompletedProcess):
+    if via_server.stdout.lstrip().startswith("{"):  # JSON answers: the same numbers, to float noise
+        a, b = json.loads(via_server.stdout), json.loads(local.stdout)
+        assert a.keys() == b.keys(), line
+        for key in a:
+            np.testing.assert_allclose(np.asarray(a[key], dtype=float), np.asarray(b[key], dtype=float),
+                                       atol=1e-5, err_msg=f"{line}: {key}")
+    else:  # text answers (a translation, a caption, a class and its glimpse path)
+        assert via_server.stdout == local.stdout, line
+
+
 def test_readme_serving_block_runs_as_written_through_the_server_and_locally(readme_repo):
     repo, tmp = readme_repo
     lines = readme_serving_lines()
-    (serve,) = [argv for argv in lines if argv[1] == "serve"]
-    assert len(lines) >= 10, lines
+    serves = [argv for argv in lines if argv[1] == "serve"]
+    assert serves, "the README has no `attnzoo serve` line"
+    serve = serves[0]
+    for other in serves[1:]:  # every serve line serves the same repository
+        assert other[other.index("--repository") + 1] == serve[serve.index("--repository") + 1], other
+    asked = []  # each distinct predict / translate line once
+    for argv in lines:
+        if argv[1] != "serve" and argv not in asked:
+            asked.append(argv)
+    assert len(asked) >= 8, asked
     port = _free_port()
     # As written, but loopback only and a free port: --host/--port replaced, --repository the tiny one.
     swap = {"--host": "127.0.0.1", "--port": str(port), "--repository": str(repo)}
@@ -122,35 +172,25 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
                 pass
             assert server.poll() is None and time.time() < deadline, "the README's serve line did not come up"
             time.sleep(0.5)
-        ran = 0
-        for line in lines:
-            if line[1] == "serve":
-                continue
-            _inputs(url, tmp, line)
+        for line in asked:
             plain = [a for a in line if a != "--local"]
             if line[1] == "translate":
-                via_server = _run([*plain[:plain.index("-o") + 1], "en.server.txt",
+                out_name = plain[plain.index("-o") + 1]
+                via_server = _run([*plain[:plain.index("-o") + 1], "server." + out_name,
                                    *plain[plain.index("-o") + 2:], "--url", url], tmp)
                 local = _run([*plain, "--local", "--repository", str(repo)], tmp)
                 assert via_server.returncode == 0 and local.returncode == 0, (line, via_server.stderr, local.stderr)
-                out = (tmp / plain[plain.index("-o") + 1]).read_text().splitlines()
-                assert len(out) == 3 and out[2] == "" and all(out[:2]), out  # line for line, the blank line kept
-                assert (tmp / "en.server.txt").read_text().splitlines() == out
+                source = (tmp / _file_inputs(line)[0]).read_text(encoding="utf-8").splitlines()
+                out = (tmp / out_name).read_text(encoding="utf-8").splitlines()
+                assert len(out) == len(source), (line, out)  # line for line, blank lines kept blank
+                assert all(bool(o.strip()) == bool(s.strip()) for o, s in zip(out, source)), (line, out)
+                assert (tmp / ("server." + out_name)).read_text(encoding="utf-8").splitlines() == out
             else:
                 via_server = _run([*plain, "--url", url], tmp)
                 local = _run([*plain, "--local", "--repository", str(repo)], tmp)
                 assert via_server.returncode == 0, (line, via_server.stderr)
                 assert local.returncode == 0, (line, local.stderr)
                 assert via_server.stdout.strip(), line
-                if via_server.stdout.lstrip().startswith("{"):  # JSON answers: the same numbers, to float noise
-                    a, b = json.loads(via_server.stdout), json.loads(local.stdout)
-                    assert a.keys() == b.keys(), line
-                    for key in a:
-                        np.testing.assert_allclose(np.asarray(a[key], dtype=float), np.asarray(b[key], dtype=float),
-                                                   atol=1e-5, err_msg=f"{line}: {key}")
-                else:  # text answers (a translation, a caption, a class and its glimpse path)
-                    assert via_server.stdout == local.stdout, line
-            ran += 1
-        assert ran == len(lines) - 1
+                _same_answer(line, via_server, local)
     finally:
         stop_process(server)
