@@ -6,10 +6,10 @@
 #
 # CPU (default; onnxruntime from PyPI):
 #   docker build -t attnzoo-serve:0.1.0 .
-# GPU: a CUDA 12 + cuDNN 9 runtime base (what onnxruntime-gpu >= 1.19 on PyPI is built for) and
+# GPU: a CUDA 13 + cuDNN 9 runtime base (what onnxruntime-gpu >= 1.27 on PyPI is built for; deploy/README.md) and
 # onnxruntime-gpu instead of onnxruntime. Ubuntu 24.04's python3 is 3.12 (22.04's 3.10 is too old):
 #   docker build -t attnzoo-serve:0.1.0-cuda \
-#     --build-arg BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 --build-arg ONNXRUNTIME=onnxruntime-gpu .
+#     --build-arg BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04 --build-arg ONNXRUNTIME=onnxruntime-gpu .
 # Run (the server picks the CUDA execution provider when a GPU is visible, `--provider auto`):
 #   docker run --rm -p 8080:8080 -v "$PWD/model_repository:/mnt/models:ro" attnzoo-serve:0.1.0
 ARG BASE=python:3.11-slim
@@ -36,13 +36,19 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
 
 WORKDIR /app
 
-# What `pip install "attnzoo[serve]"` installs (pyproject.toml's base dependencies and the serve extra, read
-# from there, the one list), without building the package: the image holds serving/ only, not models/ or
-# pipeline/. No torch (that is the train extra); the build fails if torch got in all the same.
-COPY pyproject.toml ./
+# What `pip install "attnzoo[serve]"` installs (pyproject.toml's base dependencies and the serve extra), at the
+# exact versions of requirements-serve.lock (`make lock`: the training lock's versions, the ones CI tests), hash-
+# checked, without building the package: the image holds serving/ only, not models/ or pipeline/. No torch (that
+# is the train extra); the build fails if torch got in all the same.
+# ONNXRUNTIME=onnxruntime-gpu: the list read from pyproject with onnxruntime-gpu for onnxruntime (same range),
+# every other package held to the lock's version as a constraint, without hashes: the lock is resolved for
+# CPython 3.11, and the CUDA base's python3 is 3.12, whose resolution (not only its files) may differ.
+COPY pyproject.toml requirements-serve.lock ./
 RUN python -c 'import os, re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; reqs = p["dependencies"] + p["optional-dependencies"]["serve"]; print("\n".join(re.sub(r"^onnxruntime(?=[\s<>=!~;\[]|$)", os.environ["ONNXRUNTIME"], r) for r in reqs))' > requirements-serve.txt \
     && cat requirements-serve.txt \
-    && pip install -r requirements-serve.txt \
+    && sed -e 's/ *\\$//' -e '/^ *--hash=/d' requirements-serve.lock > requirements-serve.constraints \
+    && if [ "$ONNXRUNTIME" = onnxruntime ]; then pip install --require-hashes -r requirements-serve.lock; \
+       else pip install -c requirements-serve.constraints -r requirements-serve.txt; fi \
     && python -c 'import importlib.util, sys; sys.exit("torch is installed in the serving image" if importlib.util.find_spec("torch") else 0)'
 
 # The server itself: the serving package, nothing of models/ or pipeline/ (run from /app, no install needed).

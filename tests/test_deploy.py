@@ -105,16 +105,22 @@ def test_dockerfile_installs_the_serve_extra_alone_and_no_torch():
                                                   else Requirement(r).name for r in reqs]
     assert {str(Requirement(r).specifier) for r in gpu if "onnxruntime" in r} == \
         {str(Requirement(r).specifier) for r in reqs if Requirement(r).name == "onnxruntime"}
-    # Every pip install is of that file: never the project (`pip install .` / ".[serve]" bring torch along).
-    installs = [s for s in run_steps() if re.match(r"(python3? -m )?pip3? install", s)]
-    assert installs == ["pip install -r requirements-serve.txt"]
+    # The CPU image installs the serve lock, hash-checked; the GPU one that file, held to the lock's versions.
+    # Never the project (`pip install .` / ".[serve]" bring torch along).
+    installs = re.findall(r"(?:python3? -m )?pip3? install [^;&]*?(?=\s*(?:;|$))", " && ".join(run_steps()))
+    assert installs == ["pip install --require-hashes -r requirements-serve.lock",
+                        "pip install -c requirements-serve.constraints -r requirements-serve.txt"]
+    (constraints,) = [s for s in run_steps() if s.startswith("sed ") and "requirements-serve.constraints" in s]
+    done = subprocess.run(shlex.split(constraints.split(">")[0]), cwd=ROOT, capture_output=True, text=True, check=True)
+    pins = [Requirement(line) for line in done.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert pins and all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins)
     # The image's torch guard fails where torch is installed (it is, in this development environment).
     (guard,) = [shlex.split(s)[2] for s in run_steps() if s.startswith("python -c") and "torch" in s]
     done = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True)
     assert done.returncode != 0 and "torch is installed" in done.stderr
-    # Copied in: pyproject.toml and the serving package, nothing of models/ or pipeline/.
-    sources = [shlex.split(a)[0] for a in instruction("COPY")]
-    assert sources == ["pyproject.toml", "serving/"]
+    # Copied in: pyproject.toml, the serve lock and the serving package, nothing of models/ or pipeline/.
+    sources = [src for a in instruction("COPY") for src in shlex.split(a)[:-1]]
+    assert sources == ["pyproject.toml", "requirements-serve.lock", "serving/"]
     ignore = [line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip()[:1] not in ("", "#")]
     assert ignore[0] == "*"  # an allow list: what is not named is not sent to the build
     assert all(f"!{src}" in ignore for src in sources), "a COPY source is kept out of the build context"
