@@ -35,6 +35,8 @@ COVERED = {
     ("attnzoo", "translate"): SERVING_BLOCK,
     ("attnzoo", "train"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
     ("attnzoo", "evaluate"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "export"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
+    ("attnzoo", "quantize"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
     ("attnzoo", "publish"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
     ("attnzoo", "list"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
     ("attnzoo", "--help"): "tests/test_readme.py::test_readme_single_stage_block_runs_as_written",
@@ -108,9 +110,9 @@ def test_readme_single_stage_block_runs_as_written(quickstart, tmp_path):
     into a folder, `attnzoo list`, `--help`) in the quick start's smoke-profile folder, its ad-hoc
     folder under tmp_path; the `dvc plots` line runs in tests/test_docs.py."""
     work, _ = quickstart
-    lines = [argv for argv in readme_commands() if argv[:2] in (["dvc", "repro"], ["attnzoo", "train"],
-                                                              ["attnzoo", "evaluate"], ["attnzoo", "publish"],
-                                                              ["attnzoo", "list"], ["attnzoo", "--help"])]
+    kinds = [["dvc", "repro"], *(["attnzoo", c] for c in ("train", "evaluate", "export", "quantize", "publish", "list",
+                                                           "--help"))]
+    lines = [argv for argv in readme_commands() if argv[:2] in kinds]
     assert len(lines) >= 5, lines
     env = {**profiles.env_for(work), "PATH": f"{sys.prefix}/bin:" + os.environ["PATH"]}
     for argv in lines:
