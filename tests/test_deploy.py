@@ -112,7 +112,8 @@ def test_dockerfile_installs_the_serve_extra_alone_and_no_torch():
                         "pip install -c requirements-serve.constraints -r requirements-serve.txt"]
     (constraints,) = [s for s in run_steps() if s.startswith("sed ") and "requirements-serve.constraints" in s]
     done = subprocess.run(shlex.split(constraints.split(">")[0]), cwd=ROOT, capture_output=True, text=True, check=True)
-    pins = [Requirement(line) for line in done.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    pins = [Requirement(line) for line in done.stdout.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
     assert pins and all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins)
     # The image's torch guard fails where torch is installed (it is, in this development environment).
     (guard,) = [shlex.split(s)[2] for s in run_steps() if s.startswith("python -c") and "torch" in s]
