@@ -47,9 +47,9 @@ def test_serving_doc_table_matches_the_served_metadata(published, model):
 
 def _reference_docs() -> list:
     """The docs a user reads as reference: the README, CONTRIBUTING, docs/*.md and the READMEs of
-    deploy/ and data/corpora/."""
+    deploy/, data/corpora/, examples/ and profiles/."""
     return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
-            ROOT / "deploy" / "README.md", ROOT / "data" / "corpora" / "README.md"]
+            *(ROOT / folder / "README.md" for folder in ("deploy", "data/corpora", "examples", "profiles"))]
 
 
 def test_docs_link_only_to_files_in_the_repository():
