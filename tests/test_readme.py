@@ -123,3 +123,16 @@ def test_readme_single_stage_block_runs_as_written(quickstart, tmp_path):
         if argv[1] == "publish":
             out = argv[argv.index("--run") + 1]
             assert list((Path(out) / "model_repository").glob("*/1/metadata.json")), argv
+
+
+def test_readme_quick_start_output_quotes_the_committed_metrics():
+    """The quick start's printed bars in the README are the committed runs/<entry>/metrics.json."""
+    import json
+
+    text = re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    quoted = re.findall(r"^(\w+) \(version \d+; bar: (\w+) ([\d.]+) >= ([\d.]+): met\)$", text, flags=re.M)
+    assert {name for name, *_ in quoted} == {"neural_programmer", "pointer_sort", "act_parity"}, text
+    for name, metric, measured, bar in quoted:
+        (cond,) = [c for c in json.loads((ROOT / "runs" / name / "metrics.json").read_text())["bar"]["conditions"]
+                   if c["metric"] == metric]
+        assert (float(measured), float(bar)) == (cond["measured"], cond["value"]), (name, metric)
