@@ -602,8 +602,41 @@ def _init_tracking(root: Path) -> None:
         MlflowClient(uri).search_experiments(max_results=1)
 
 
+@contextlib.contextmanager
+def one_runner(root: Path):
+    """Hold the repository's runner lock for a run: a second ``attnzoo repro`` in the same repository
+    stops at once with one sentence instead of running stages beside the first (two runs would write
+    the same outputs and ``dvc.lock``). The kernel drops the lock with the process, however it ends
+    (SIGKILL included), so a crashed run never blocks the next one."""
+    import fcntl
+
+    path = root / LOG_DIR.parent / "repro.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.seek(0)
+            who = held.read().strip() or "another process"
+            raise ReproError(f"another attnzoo repro ({who}) is running in {root}; wait for it to end, or stop "
+                             "it, and run this one again: it goes on from what the first one finished") from None
+        held.seek(0)
+        held.truncate()
+        held.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        held.flush()
+        yield
+
+
 def repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dry: bool = False,
           echo=print, single_item: bool = False) -> dict[str, Node]:
+    if dry:
+        return _repro(root, targets, jobs, ray_address, dry, echo, single_item)
+    with one_runner(root):
+        return _repro(root, targets, jobs, ray_address, dry, echo, single_item)
+
+
+def _repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, dry: bool,
+           echo, single_item: bool) -> dict[str, Node]:
     started = time.monotonic()
     the_plan = plan(root, targets, jobs, single_item)
     todo = [n for n in the_plan.order if the_plan.nodes[n].changed]
