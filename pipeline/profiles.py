@@ -120,13 +120,18 @@ def env_for(workdir: Path) -> dict[str, str]:
     return env
 
 
+def repro_in(workdir: Path, targets: list[str], jobs: int, env: dict[str, str]) -> int:
+    """``attnzoo repro --jobs JOBS TARGETS`` run in ``workdir`` (its own code, ``env``); its exit code."""
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", str(jobs), *targets],
+                          cwd=workdir, env=env).returncode
+
+
 def run(name: str, targets: list[str], jobs: int, workdir: Path | None = None, root: Path = ROOT) -> int:
     """``attnzoo repro --jobs JOBS TARGETS`` in the profile's work folder; returns its exit code."""
     workdir = lay_out(root, workdir or default_workdir(name), name)
     print(f"profile {name}: params.yaml with profiles/{name}.yaml applied, in {workdir}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", str(jobs), *targets],
-                          cwd=workdir, env=env_for(workdir))
-    if proc.returncode == 0:
+    code = repro_in(workdir, targets, jobs, env_for(workdir))
+    if code == 0:
         print(f"profile {name}: done; its models are in {workdir / 'model_repository'} "
               f"(attnzoo serve --repository {workdir / 'model_repository'}), its metrics in {workdir / 'runs'}")
-    return proc.returncode
+    return code

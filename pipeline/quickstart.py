@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -79,6 +78,7 @@ def answer_all(workdir: Path, entries: dict[str, str]) -> None:
         shown = version or max(map(int, meta.get("versions") or [0]))
         print(f"\n{name} (version {shown}{note}; bar: {_bar(workdir, name)})")
         print(f"  $ attnzoo predict {name} {example} --local --attention"
+              + (f" --repository {workdir / 'model_repository'}" if workdir != ROOT else "")
               + (f" --version {version}" if version else ""))
         for line in _answer(name, raw, outs):
             print(f"  {line}")
@@ -91,21 +91,20 @@ def quickstart(jobs: int, profile: str | None = None, workdir: Path | None = Non
                entries: dict[str, str] | None = None) -> int:
     entries = entries or ENTRIES
     targets = [f"publish@{name}" for name in entries]
-    if profile:
-        from pipeline import profiles
+    from pipeline import profiles
 
+    if profile:
         workdir = profiles.lay_out(ROOT, workdir or profiles.default_workdir(profile), profile)
         env = profiles.env_for(workdir)
     else:
         workdir, env = ROOT, dict(os.environ)
     print(f"attnzoo quickstart: the whole pipeline for {', '.join(entries)} ({jobs} stages at a time), in {workdir}",
           flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", str(jobs), *targets],
-                          cwd=workdir, env=env)
-    if proc.returncode != 0:
+    code = profiles.repro_in(workdir, targets, jobs, env)
+    if code != 0:
         print("error: the pipeline stopped (above: the stage and its log); fix it and run `attnzoo quickstart` "
               "again, it goes on from what finished", file=sys.stderr)
-        return proc.returncode
+        return code
     print("\nThe published models answer the sample inputs in examples/:")
     answer_all(workdir, entries)
     repo = workdir / "model_repository"
