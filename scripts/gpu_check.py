@@ -130,6 +130,21 @@ def pack(names: list[str], root: Path, out: Path) -> None:
         torch.save(entry_cases(name, root), out / f"{name}.pt")
 
 
+def load_cases(path: Path) -> dict:
+    """One entry's packed cases (``--pack``): tensors and plain values only. ``torch.load`` with
+    ``weights_only`` refuses anything else, so a planted pickle in ``--cases`` never runs code."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0]
+        raise SystemExit(f"gpu_check: {path} holds more than tensors and plain values ({first}); pack the cases "
+                         "again with --pack on a machine you trust") from None
+
+
 def build(spec: dict):
     """The model of ``spec`` (see :func:`entry_cases`) with weights drawn at :data:`SEED`, in eval mode."""
     import torch
@@ -405,8 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names,
               "weights": weights}
     settings = CUDA_SETTINGS if args.device == "cuda" else {"fp32": None}
-    specs = {m: torch.load(args.cases / f"{m}.pt", weights_only=False) if args.cases else entry_cases(m, ROOT)
-             for m in names}
+    specs = {m: load_cases(args.cases / f"{m}.pt") if args.cases else entry_cases(m, ROOT) for m in names}
     with tempfile.TemporaryDirectory(prefix="gpu_check_seeded_") as tmp:
         subjects = {m: published(m, ROOT) for m in names if weights[m] == "published"}
         subjects.update(seeded({m: specs[m] for m in names if weights[m] == "seeded"}, Path(tmp), args.jobs))

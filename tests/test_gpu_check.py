@@ -193,3 +193,29 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     assert untrained.stderr.strip().splitlines()[-1] == (
         "gpu_check: no model asked for is trained and published in this checkout; "
         "--seeded checks the entries with seeded weights")
+
+
+class _Planted:
+    """A pickle that runs a command when it is loaded (what a hostile --cases folder could hold)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_packed_cases_are_loaded_without_running_a_planted_pickle(tmp_path):
+    import torch
+
+    marker = tmp_path / "ran"
+    torch.save({"model": _Planted(marker)}, tmp_path / "ntm.pt")
+    with pytest.raises(SystemExit, match=r"holds more than tensors and plain values .*pack the cases again"):
+        gpu_check.load_cases(tmp_path / "ntm.pt")
+    assert not marker.exists()
+    # What --pack writes loads as it was saved.
+    torch.save({"config": {"hidden": 8}, "cases": [torch.arange(3)]}, tmp_path / "ok.pt")
+    loaded = gpu_check.load_cases(tmp_path / "ok.pt")
+    assert loaded["config"] == {"hidden": 8} and torch.equal(loaded["cases"][0], torch.arange(3))
