@@ -11,7 +11,7 @@ $(VENV)/.setup-done: pyproject.toml scripts/setup.sh requirements.lock requireme
 repro: setup         ## the whole pipeline on the default params, one stage per core at a time
 	attnzoo repro --jobs $(JOBS)
 
-quickstart: setup   ## three real models through the whole pipeline, then answering (about 15 minutes on 2 cores)
+quickstart: setup   ## three real models through the whole pipeline, then answering (about 8 minutes on 2 cores)
 	attnzoo quickstart --jobs $(JOBS)
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)

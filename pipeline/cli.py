@@ -32,7 +32,7 @@ EXTRAS = {"onnxruntime": "serve", **{m: "train,cpu" for m in (
     "scipy")}}
 REMOTE = {"push": "main", "pull": "pull"}  # dvc push / pull with one clear sentence on failure
 DESCRIPTIONS = {
-    "quickstart": "train, check, publish and ask three real models in about 15 minutes (the real pipeline)",
+    "quickstart": "train, check, publish and ask three real models in about 8 minutes on 2 cores (the real pipeline)",
     "repro": "run the pipeline's changed stages in parallel (--jobs N), on a Ray cluster (--ray), or with a "
              "profile in a scratch copy (--profile smoke)",
     "prepare": "prepare one task's data (the DVC stage prepare@TASK)",

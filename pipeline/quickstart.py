@@ -117,7 +117,7 @@ def quickstart(jobs: int, profile: str | None = None, workdir: Path | None = Non
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description="Train, check, publish and ask three real models (neural_programmer, pointer_sort, act_parity): "
-                    "the real pipeline, about 15 minutes on 2 cores.")
+                    "the real pipeline, about 8 minutes on 2 cores.")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                     help="stages at once (default: the number of cores, %(default)s)")
     ap.add_argument("--profile", metavar="NAME",
