@@ -56,12 +56,27 @@ class TensorSpec:
         return {**out, "optional": True} if self.optional else out
 
 
-def _flatten(data: Any, out: list) -> None:
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out)
-    else:
-        out.append(data)
+MAX_DIMS = 16  # dimensions of one tensor (every served input has at most 4)
+
+
+def _flatten(name: str, data: Any, depth: int) -> list:
+    """The values of nested lists in row-major order, without recursion: lists may nest ``depth``
+    levels at most (the shape's rank), so no body can exhaust the stack."""
+    if not isinstance(data, list):
+        return [data]
+    out, stack = [], [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= depth:
+                    raise RequestError(f"input '{name}': 'data' is nested deeper than its shape's "
+                                       f"{depth} dimension(s)")
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
 
 
 def _check_values(name: str, datatype: str, flat: list) -> None:
@@ -77,11 +92,8 @@ def _check_values(name: str, datatype: str, flat: list) -> None:
         info = np.iinfo(DATATYPES[datatype])
         if flat and (min(flat) < info.min or max(flat) > info.max):
             raise RequestError(f"input '{name}': a value is out of range for {datatype}")
-    else:
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
-            raise RequestError(f"input '{name}': {datatype} data must be numbers")
-        if not all(math.isfinite(v) for v in flat):
-            raise RequestError(f"input '{name}': {datatype} data must be finite")
+    elif not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        raise RequestError(f"input '{name}': {datatype} data must be numbers")
 
 
 def _is_int(value: Any) -> bool:
@@ -111,6 +123,11 @@ def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[s
         raise RequestError("an input has no 'name'")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise RequestError(f"input '{name}': 'shape' must be a list of non-negative integers")
+    # The sizes besides any 0 too, not only their product: [0, 2**63, 5] has no elements, but numpy
+    # has no array of that shape.
+    if len(shape) > MAX_DIMS or math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS:
+        raise RequestError(f"input '{name}': shape {_show(shape)} is beyond this server's limits "
+                           f"({MAX_DIMS} dimensions, {MAX_ELEMENTS} elements)", status=413)
     if datatype not in DATATYPES:
         raise RequestError(f"input '{name}': unknown datatype {datatype!r}; one of {', '.join(DATATYPES)}")
     is_binary = "binary_data_size" in _parameters(tensor, f"input '{name}'")
@@ -119,20 +136,24 @@ def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[s
     if not is_binary and "data" not in tensor:
         raise RequestError(f"input '{name}': no 'data' (nor parameters.binary_data_size)")
     count = math.prod(shape)
-    if count > MAX_ELEMENTS:
-        raise RequestError(f"input '{name}': {count} elements is more than the limit {MAX_ELEMENTS}")
     if is_binary:
         if binary is None or name not in binary:
             raise RequestError(f"input '{name}': parameters.binary_data_size given but no binary data follows "
                                f"the JSON (is the {HEADER_LENGTH} header set?)")
         return name, tensor_from_bytes(name, datatype, shape, binary[name]), datatype
-    flat: list = []
-    _flatten(tensor["data"], flat)
+    flat = _flatten(name, tensor["data"], max(len(shape), 1))
     if len(flat) != count:
         raise RequestError(f"input '{name}': shape {shape} needs {count} values, got {len(flat)}")
     _check_values(name, datatype, flat)
     array = np.array(flat, dtype=DATATYPES[datatype]).reshape(shape)  # row-major, as the spec says
+    _check_finite(name, datatype, array)
     return name, array, datatype
+
+
+def _check_finite(name: str, datatype: str, array: np.ndarray) -> None:
+    """After the cast: 1e300 is a finite JSON number but inf as FP32."""
+    if datatype.startswith("FP") and not np.isfinite(array).all():
+        raise RequestError(f"input '{name}': {datatype} data must be finite (and within {datatype}'s range)")
 
 
 def check_against(spec: TensorSpec, array: np.ndarray, datatype: str) -> None:
@@ -256,8 +277,7 @@ def tensor_from_bytes(name: str, datatype: str, shape: list[int], data: bytes) -
     if datatype == "BOOL" and (np.frombuffer(data, np.uint8) > 1).any():
         raise RequestError(f"input '{name}': BOOL data must be bytes 0 (false) or 1 (true)")
     array = np.frombuffer(data, wire).astype(DATATYPES[datatype]).reshape(shape)  # native order, writable
-    if datatype.startswith("FP") and not np.isfinite(array).all():
-        raise RequestError(f"input '{name}': {datatype} data must be finite")
+    _check_finite(name, datatype, array)
     return array
 
 

@@ -225,7 +225,6 @@ BAD = [  # (body, Inference-Header-Content-Length, declared inputs, expected mes
      "input 's': BYTES element 0 is not UTF-8 text"),
     (*frame({"inputs": [binary_input("x", "FP32", [1, 2], 8), binary_input("x", "FP32", [1, 2], 8)]}, FOUR), X,
      "input 'x' given twice"),
-    (*frame({"inputs": [binary_input("x", "FP32", [1 << 24, 2], 0)]}), X, "more than the limit"),
     (*frame({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "parameters": [8]}]}), X,
      "input 'x': 'parameters' must be an object"),
     (*frame({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
@@ -257,6 +256,42 @@ def test_malformed_binary_requests_are_400_with_one_sentence(raw, length, specs,
         binary_outputs(body, wanted)
     assert caught.value.status == 400 and message in str(caught.value), str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def _nested(depth: int, leaf) -> list:
+    data = leaf
+    for _ in range(depth):  # built without recursion, as a hostile client would send it
+        data = [data]
+    return data
+
+
+HOSTILE = [  # (request input, status, message): each a client error, none an exception in numpy or Python
+    ({"name": "x", "datatype": "FP32", "shape": [0, 2**63, 5], "data": []}, 413, "beyond this server's limits"),
+    ({"name": "x", "datatype": "FP32", "shape": [1] * 70, "data": [1.0]}, 413, "beyond this server's limits"),
+    ({"name": "x", "datatype": "FP32", "shape": [1 << 24, 2], "parameters": {"binary_data_size": 0}}, 413,
+     "beyond this server's limits"),
+    ({"name": "x", "datatype": "FP32", "shape": [1, 2], "data": _nested(5000, 1.0)}, 400,
+     "'data' is nested deeper than its shape's 2 dimension(s)"),
+    ({"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1e300, 1.0]}, 400,
+     "FP32 data must be finite (and within FP32's range)"),
+    ({"name": "x", "datatype": "FP16", "shape": [1, 2], "data": [70000, 1.0]}, 400, "FP16 data must be finite"),
+]
+
+
+@pytest.mark.parametrize("tensor,status,message", HOSTILE, ids=[h[2][:30] for h in HOSTILE])
+def test_hostile_shapes_nesting_and_ranges_are_client_errors(tensor, status, message):
+    specs = [TensorSpec("x", tensor["datatype"], (-1, 2))]
+    with pytest.raises(RequestError) as caught:
+        parse_request({"inputs": [tensor]}, specs, [], {"x": b""})
+    assert caught.value.status == status and message in str(caught.value), str(caught.value)
+
+
+def test_json_nested_beyond_the_parsers_limit_is_a_400():
+    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": ' + b"[" * 100_000 + b"1" \
+        + b"]" * 100_000 + b"}]}"
+    with pytest.raises(RequestError, match="not valid JSON") as caught:
+        read_request(body, None, X)
+    assert caught.value.status == 400
 
 
 def test_parse_request_without_the_split_binary_data_says_so():
