@@ -2,7 +2,8 @@
 
 * :class:`Limits` — per-model caps written by ``publish`` into a version's ``metadata.json``
   (the defaults below, overridden by ``serving.limits`` and ``models.<name>.limits`` in
-  ``params.yaml``). A request over a cap is answered 413 naming the cap, before any work.
+  ``params.yaml``). A request over a cap is answered 413 naming the cap, before any work; an
+  answer over ``output_elements`` is refused (413) before it is encoded.
 * :class:`Admission` — at most ``running`` requests work at once, at most ``queued`` wait for a
   turn; one more is answered 503 with ``Retry-After`` at once (nothing waits in an unbounded queue).
 * Deadlines — each request's work runs under :func:`deadline_scope`; every graph call of a decode
@@ -31,6 +32,9 @@ class Limits:
     beam: int = 16  # beam width
     image_pixels: int = 1 << 20  # pixels of one image (text-line images have a free width)
     audio_seconds: float = 60.0  # seconds of one clip
+    # values in one answer, all outputs together: 64 answers this size at once fit the 4 GiB pod of
+    # deploy/kserve/ (docs/security.md has the measurement)
+    output_elements: int = 1 << 21
 
     @classmethod
     def of(cls, values: dict | None) -> Limits:
@@ -83,6 +87,22 @@ def deadline_carried(deadline: tuple[float, float] | None):
 def current_deadline() -> tuple[float, float] | None:
     """(monotonic time, seconds) of this thread's request deadline, or None outside a request."""
     return getattr(_local, "deadline", None)
+
+
+WAIT_GRACE_S = 5.0  # past a deadline, how long a request still waits for the step in flight
+MAX_WAIT_S = 600.0  # how long work outside any request (LocalClient, MLflow) waits for another thread
+
+
+def wait_for(done: threading.Event) -> None:
+    """Wait for work handed to another thread (a shared step, a batched decode): until this thread's
+    request deadline plus a grace, or :data:`MAX_WAIT_S` outside a request. No wait is unbounded: a
+    runner that never answers costs its callers a 504, not a thread each for ever."""
+    deadline = current_deadline()
+    timeout = deadline[0] - time.monotonic() + WAIT_GRACE_S if deadline else MAX_WAIT_S
+    if not done.wait(max(timeout, 0.0)):
+        if deadline:
+            raise DeadlineExceeded(deadline[1])
+        raise RequestError(f"no answer from the decoding thread within {MAX_WAIT_S:g} s", status=504)
 
 
 def check_deadline() -> None:

@@ -12,6 +12,7 @@ split back in order. The queue is bounded: when it is full the caller gets HTTP 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.admission import DeadlineExceeded, check_deadline, current_deadline
+from serving.admission import DeadlineExceeded, check_deadline, current_deadline, wait_for
 from serving.protocol import RequestError
+
+log = logging.getLogger("attnzoo.serving")
 
 Infer = Callable[[dict[str, np.ndarray], dict], dict[str, tuple[np.ndarray, str]]]
 
@@ -173,7 +176,7 @@ class StepBatcher:
                 with self.cond:
                     self.busy, self.last = False, 1
                     self.cond.notify_all()
-        call.done.wait()
+        wait_for(call.done)
         if call.error is not None:
             raise call.error
         return call.result
@@ -190,6 +193,9 @@ class StepBatcher:
             try:
                 for group in self._groups(calls):
                     self._run(group)
+            except BaseException as err:  # noqa: BLE001 - a fault here must not leave its callers waiting
+                log.exception("step batcher of %s failed; its calls fail, it goes on", self.path)
+                _fail(calls, err)
             finally:
                 with self.cond:
                     self.busy, self.last = False, len(calls)
@@ -258,6 +264,14 @@ class StepBatcher:
                 mine[name] = np.ascontiguousarray(part)
             results.append(mine)
         return results
+
+
+def _fail(waiting: list, err: BaseException) -> None:
+    """Wake every caller of ``waiting`` (calls or jobs) not answered yet with ``err``."""
+    for item in waiting:
+        if not item.done.is_set():
+            item.error = err
+            item.done.set()
 
 
 def _padded_axes(session) -> tuple[dict[str, int], dict[str, dict[int, str]]]:
@@ -357,87 +371,99 @@ class GreedyScheduler:
             finally:
                 with self.cond:
                     self.lone = False
-        job.done.wait()
+        wait_for(job.done)
         if job.error is not None:
             raise job.error
         return job.result
 
     # -- the decoding thread --------------------------------------------------------------------
     def _serve(self) -> None:
-        state: dict[str, np.ndarray] = {}
-        owners: list[tuple[_Job, int]] = []  # per batch row: (job, row of the job)
-        y = np.zeros(0, dtype=np.int64)
-        t = np.zeros(0, dtype=np.int64)  # per row: steps taken
+        batch = _Batch()
         while True:
             with self.cond:
-                while not self.queue and not owners:
+                while not self.queue and not batch.owners:
                     self.cond.wait()
-                room = self.max_rows - len(owners)
+                room = self.max_rows - len(batch.owners)
                 joiners = []
-                while self.queue and (self.queue[0].rows <= room or not owners):
+                while self.queue and (self.queue[0].rows <= room or not batch.owners):
                     job = self.queue.pop(0)
                     room -= job.rows
                     joiners.append(job)
-                self.active = len(owners) + sum(job.rows for job in joiners)
-            encoded = self.encoders.run_all([job.feeds for job in joiners]) if joiners else []
-            for job, enc in zip(joiners, encoded):
-                if isinstance(enc, BaseException):  # the request fails alone
-                    job.error = enc
-                    job.done.set()
-                    continue
-                rows = {n: v for n, v in enc.items() if n in self.labels}
-                job.width = max((rows[n].shape[a] for n, a in self.pad.items() if n in rows), default=0)
-                state = _join(state, rows, self.pad) if owners else dict(rows)
-                owners += [(job, r) for r in range(job.rows)]
-                y = np.concatenate([y, np.full(job.rows, job.bos, dtype=np.int64)])
-                t = np.concatenate([t, np.zeros(job.rows, dtype=np.int64)])
-            if not owners:
-                continue
+                self.active = len(batch.owners) + sum(job.rows for job in joiners)
             try:
-                if self.on_batch:
-                    self.on_batch(len(owners))
-                out = self.step({**state, "y_prev": y})
-            except BaseException as err:  # noqa: BLE001 - every request in the batch fails
-                for job in {id(j): j for j, _ in owners}.values():
-                    job.error = err
-                    job.done.set()
-                state, owners, y, t = {}, [], y[:0], t[:0]
+                self._join_batch(batch, joiners)
+                if batch.owners:
+                    self._step(batch)
+            except BaseException as err:  # noqa: BLE001 - every request in the batch fails, the thread goes on
+                log.warning("greedy decoding of %s failed, and with it the %d request(s) in its batch: %s",
+                            self.step.path, len({id(j) for j, _ in batch.owners} | {id(j) for j in joiners}), err)
+                _fail([j for j, _ in batch.owners] + joiners, err)
+                batch = _Batch()
+            with self.cond:
+                self.active = len(batch.owners)
+
+    def _join_batch(self, batch: _Batch, joiners: list[_Job]) -> None:
+        """Encode the requests that arrived and add their rows to the running batch."""
+        encoded = self.encoders.run_all([job.feeds for job in joiners]) if joiners else []
+        for job, enc in zip(joiners, encoded):
+            if isinstance(enc, BaseException):  # the request fails alone
+                _fail([job], enc)
                 continue
-            y = out["log_probs"].argmax(-1).astype(np.int64)  # first index of the max, as torch.argmax
-            attention = out["attention"]
-            finished = np.zeros(len(owners), dtype=bool)
-            now = time.monotonic()
-            for i, (job, r) in enumerate(owners):
-                if job.error is not None:
-                    finished[i] = True
-                    continue
-                if job.deadline is not None and now > job.deadline[0]:
-                    job.error = DeadlineExceeded(job.deadline[1])
-                    job.done.set()
-                    finished[i] = True
-                    continue
-                job.attention[r].append(attention[i, : job.width] if job.width else attention[i])
-                if y[i] == job.eos or t[i] + 1 >= job.max_len:
-                    if y[i] == job.eos:
-                        job.lengths[r] = t[i]
-                    else:
-                        job.tokens[r].append(int(y[i]))
-                    finished[i] = True
-                    job.left -= 1
-                    if job.left == 0:
-                        job.result = _greedy_result(job)
-                        job.done.set()
+            rows = {n: v for n, v in enc.items() if n in self.labels}
+            job.width = max((rows[n].shape[a] for n, a in self.pad.items() if n in rows), default=0)
+            batch.state = _join(batch.state, rows, self.pad) if batch.owners else dict(rows)
+            batch.owners += [(job, r) for r in range(job.rows)]
+            batch.y = np.concatenate([batch.y, np.full(job.rows, job.bos, dtype=np.int64)])
+            batch.t = np.concatenate([batch.t, np.zeros(job.rows, dtype=np.int64)])
+
+    def _step(self, batch: _Batch) -> None:
+        """One decoder call for every row; rows that end leave, requests whose rows all ended are answered."""
+        if self.on_batch:
+            self.on_batch(len(batch.owners))
+        out = self.step({**batch.state, "y_prev": batch.y})
+        y = out["log_probs"].argmax(-1).astype(np.int64)  # first index of the max, as torch.argmax
+        attention = out["attention"]
+        finished = np.zeros(len(batch.owners), dtype=bool)
+        now = time.monotonic()
+        for i, (job, r) in enumerate(batch.owners):
+            if job.done.is_set():  # failed (its deadline, a fault) while other rows of it were decoding
+                finished[i] = True
+                continue
+            if job.deadline is not None and now > job.deadline[0]:
+                _fail([job], DeadlineExceeded(job.deadline[1]))
+                finished[i] = True
+                continue
+            job.attention[r].append(attention[i, : job.width] if job.width else attention[i])
+            if y[i] == job.eos or batch.t[i] + 1 >= job.max_len:
+                if y[i] == job.eos:
+                    job.lengths[r] = batch.t[i]
                 else:
                     job.tokens[r].append(int(y[i]))
-            t = t + 1
-            state.update({k[4:]: v for k, v in out.items() if k.startswith("new_")})
-            if finished.any():
-                keep = ~finished
-                owners = [o for o, k in zip(owners, keep) if k]
-                state = {n: v[keep] for n, v in state.items()}
-                y, t = y[keep], t[keep]
-                with self.cond:
-                    self.active = len(owners)
+                finished[i] = True
+                job.left -= 1
+                if job.left == 0:
+                    job.result = _greedy_result(job)
+                    job.done.set()
+            else:
+                job.tokens[r].append(int(y[i]))
+        batch.y, batch.t = y, batch.t + 1
+        batch.state.update({k[4:]: v for k, v in out.items() if k.startswith("new_")})
+        if finished.any():
+            keep = ~finished
+            batch.owners = [o for o, k in zip(batch.owners, keep) if k]
+            batch.state = {n: v[keep] for n, v in batch.state.items()}
+            batch.y, batch.t = batch.y[keep], batch.t[keep]
+
+
+class _Batch:
+    """The running batch of greedy decoding: per row its owner (job, row of the job), the last
+    token ``y`` and the steps ``t`` taken, and the decoder's state."""
+
+    def __init__(self):
+        self.state: dict[str, np.ndarray] = {}
+        self.owners: list[tuple[_Job, int]] = []
+        self.y = np.zeros(0, dtype=np.int64)
+        self.t = np.zeros(0, dtype=np.int64)
 
 
 def _join(state: dict[str, np.ndarray], rows: dict[str, np.ndarray], pad: dict[str, int]) -> dict[str, np.ndarray]:
