@@ -26,6 +26,9 @@ class ServedModel(ABC):
     kind = "graph"
     batchable = False  # True: requests may be concatenated along axis 0 and split afterwards
     limit_axes: dict[str, dict[int, tuple[str, str]]] = {}
+    # Free output axes whose size a request fixes: {output axis: (input, its axis)}, e.g. an NTM's
+    # outputs have the input's time steps on axis 1; every output has the input's rows on axis 0.
+    output_axes: dict[int, tuple[str, int]] = {}
 
     def __init__(self, name: str, version: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
                  limits: Limits | None = None):
@@ -46,6 +49,26 @@ class ServedModel(ABC):
                                    limit, getattr(self.limits, limit))
         if "beam" in params and isinstance(params["beam"], int):
             over_limit("parameter 'beam'", params["beam"], "beam", self.limits.beam)
+        over_limit("the answer's size in values (at least)", self.least_output(feeds), "output_elements",
+                   self.limits.output_elements)
+
+    def least_output(self, feeds: dict[str, np.ndarray]) -> int:
+        """Values the answer has at least, known before any work: declared sizes, the rows, the
+        :attr:`output_axes`; other free sizes count as 1."""
+        rows = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
+        total = 0
+        for spec in self.outputs:
+            size = 1
+            for axis, d in enumerate(spec.shape):
+                name, at = self.output_axes.get(axis, (None, 0))
+                if d != -1:
+                    size *= d
+                elif axis == 0:
+                    size *= rows
+                elif name in feeds and feeds[name].ndim > at:
+                    size *= feeds[name].shape[at]
+            total += size
+        return total
 
     @abstractmethod
     def infer(self, feeds: dict[str, np.ndarray], params: dict) -> dict[str, tuple[np.ndarray, str]]:

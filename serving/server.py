@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -28,7 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from serving import __version__
-from serving.admission import COMPUTE, Admission, deadline_scope
+from serving.admission import COMPUTE, Admission, deadline_scope, over_limit
 from serving.base import GraphModel, ServedModel
 from serving.batching import DynamicBatcher, GreedyScheduler, StepBatcher
 from serving.protocol import (
@@ -68,6 +69,8 @@ class ServeConfig:
     step_delay_ms: float = 2.0  # the longest a step waits for the other loops' steps
     max_step_rows: int = 256  # rows of one shared step call
     max_body_mb: float = 8.0
+    body_timeout_s: float = 30.0  # the longest a request body may take to arrive (HTTP 408): slow senders
+    max_connections: int = 1024  # HTTP connections and requests in flight per worker; beyond: 503
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
 
 
@@ -89,6 +92,8 @@ HELP = {
     "step_delay_ms": "the longest a decode step waits for the other loops' steps",
     "max_step_rows": "rows of one shared step call",
     "max_body_mb": "the largest request body accepted, in MB (larger: 413)",
+    "body_timeout_s": "the longest a request body may take to arrive, in seconds (slower: 408)",
+    "max_connections": "HTTP connections and requests in flight per worker (more: 503 at once)",
     "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
 }
 
@@ -167,53 +172,71 @@ class ModelReady(BaseModel):
     ready: bool
 
 
-ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-          503: {"model": ErrorResponse}, 504: {"model": ErrorResponse}}
+ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 408: {"model": ErrorResponse},
+          409: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 503: {"model": ErrorResponse},
+          504: {"model": ErrorResponse}}
+MAX_MESSAGE = 500  # characters of an error message: one never echoes a long input back
+UNKNOWN = "_unknown"  # the metrics label of a request for no served model (no model name starts with _)
 
 
 def error(status: int, message: str) -> JSONResponse:
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
     return JSONResponse({"error": message}, status_code=status)
 
 
 class BodyLimit:
-    """ASGI middleware: reject bodies over ``limit`` bytes with 413 before the app parses them.
+    """ASGI middleware: reject bodies over ``limit`` bytes with 413 before the app parses them, and
+    bodies that take longer than ``timeout_s`` to arrive with 408 (a slow sender would otherwise
+    hold its buffer for as long as it likes).
 
     The rest of an oversized body is read and dropped (up to ``drain`` bytes) before the 413 goes
     out: a server that answers and closes while the client is still sending leaves the client with
     a broken pipe instead of the error message.
     """
 
-    def __init__(self, app, limit: int, drain: int = 64 * 2**20):
-        self.app, self.limit, self.drain = app, limit, drain
+    def __init__(self, app, limit: int, drain: int = 64 * 2**20, timeout_s: float = 30.0):
+        self.app, self.limit, self.drain, self.timeout_s = app, limit, drain, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(scope, receive)
+        except TimeoutError:
+            body = error(408, f"the request body did not arrive within {self.timeout_s:g} s")
+        if body is None:  # the client went away
+            return None
+        if isinstance(body, Response):
+            return await body(scope, receive, send)
+
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    async def _read(self, scope, receive) -> bytes | Response | None:
+        """The whole body, or the 413 to answer, or None when the client disconnected."""
         declared = dict(scope["headers"]).get(b"content-length")
-        too_big = error(413, f"request body larger than {self.limit} bytes")
         declared_size = int(declared) if declared is not None and declared.isdigit() else None
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return
+                return None
             more = message.get("more_body", False)
             size += len(message.get("body", b""))
             if size > self.limit or (declared_size or 0) > self.limit:
                 while more and size <= self.drain and (declared_size or 0) <= self.drain:
                     message = await receive()
                     if message["type"] != "http.request":
-                        return
+                        return None
                     more = message.get("more_body", False)
                     size += len(message.get("body", b""))
-                return await too_big(scope, receive, send)
+                return error(413, f"request body larger than {self.limit} bytes")
             chunks.append(message.get("body", b""))
-        body = b"".join(chunks)
-
-        async def replay():
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        return await self.app(scope, replay, send)
+        return b"".join(chunks)
 
 
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
@@ -245,6 +268,9 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     # One thread per admitted request: a decode loop mostly waits for its shared step calls; the
     # CPU-bound work is bounded by COMPUTE, the number of requests by the admission queue.
     executor = ThreadPoolExecutor(cfg.running, thread_name_prefix="infer")
+    # Request parsing and answer encoding, off the event loop; two at a time bounds the memory of
+    # answers being encoded (each is held as arrays and as bytes meanwhile).
+    codec = ThreadPoolExecutor(2, thread_name_prefix="codec")
     admission = Admission(cfg.running, cfg.max_queue)
     requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
                        registry=registry)
@@ -254,7 +280,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
 
     app = FastAPI(title="attnzoo inference server", version=__version__,
                   description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
-    app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20))
+    app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
 
     @app.exception_handler(RequestError)
     async def _request_error(_, err: RequestError):
@@ -286,6 +312,8 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     def metadata(name: str, version: str | None):
+        if not repo.versions(name):  # 404 naming the served models (an empty model folder too)
+            repo.get(name)
         model = repo.get(name, version) if version is not None else None
         default, why = repo.default(name)
         if model is None:
@@ -297,6 +325,11 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
             "kind": model.kind, "limits": model.limits.as_json()}}
 
+    def label(name: str) -> str:
+        """The metrics label of a request: its model, or one label for every name not served (a
+        label per name a client invents would grow /metrics and memory without limit)."""
+        return name if name in repo.models else UNKNOWN
+
     def model_ready(name: str, version: str | None):
         repo.get(name, version)
         return {"name": name, "ready": True}
@@ -306,26 +339,20 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         status = 500
         try:
             model = repo.get(name, version)
-            # Parsed and checked by serving.protocol, not by pydantic: one pass over possibly large
-            # data, JSON or JSON + binary tensor data (Inference-Header-Content-Length), maybe gzipped.
-            raw = decode_body(await request.body(), request.headers.get("content-encoding"),
-                              int(cfg.max_body_mb * 2**20))
-            body, binary = read_request(raw, request.headers.get(HEADER_LENGTH), model.inputs)
-            feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
-            as_binary = binary_outputs(body, wanted)
-            request_id = body.get("id")
-            if request_id is not None and not isinstance(request_id, str):
-                raise RequestError("'id' must be a string")
-            model.check_limits(feeds, params)  # 413 before any work is queued
+            loop = asyncio.get_running_loop()
+            # Parsing and encoding run in their own threads: the event loop keeps answering others.
+            feeds, wanted, params, as_binary, request_id = await loop.run_in_executor(
+                codec, parse, model, await request.body(), request.headers)
             async with admission.turn():  # 503 + Retry-After when the waiting room is full
                 # the loop itself stops at its deadline (504); the grace covers the last step
                 outs = await asyncio.wait_for(run_model(model, feeds, params), cfg.timeout_s + 5)
-            status = 200
             header = {"model_name": model.name, "model_version": str(model.version)}
             if request_id is not None:
                 header["id"] = request_id
-            content, headers = encode_response(header, [(n, *outs[n]) for n in wanted], as_binary,
-                                               request.headers.get("accept-encoding"))
+            content, headers = await loop.run_in_executor(
+                codec, encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
+                request.headers.get("accept-encoding"))
+            status = 200
             return Response(content, headers=headers)
         except RequestError as err:
             status = err.status
@@ -334,8 +361,27 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             status = 504
             raise RequestError(f"inference took longer than {cfg.timeout_s} s", status=504) from None
         finally:
-            requests.labels(name, str(status)).inc()
-            latency.labels(name).observe(time.perf_counter() - started)
+            requests.labels(label(name), str(status)).inc()
+            latency.labels(label(name)).observe(time.perf_counter() - started)
+
+    def parse(model: ServedModel, raw: bytes, http_headers) -> tuple:
+        """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: by
+        serving.protocol, not by pydantic (one pass over possibly large data, JSON or JSON + binary
+        tensor data, maybe gzipped), then against the model's limits (413 before any work is queued)."""
+        raw = decode_body(raw, http_headers.get("content-encoding"), int(cfg.max_body_mb * 2**20))
+        body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
+        feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
+        request_id = body.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise RequestError("'id' must be a string")
+        model.check_limits(feeds, params)
+        return feeds, wanted, params, binary_outputs(body, wanted), request_id
+
+    def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):
+        """The answer's bytes, once its size is known to be within the model's limit."""
+        over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
+                   model.limits.output_elements)
+        return encode_response(header, outputs, as_binary, accept)
 
     def _infer(model: ServedModel, feeds: dict, params: dict) -> dict:
         with deadline_scope(cfg.timeout_s):
@@ -469,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, RuntimeError) as err:
         raise SystemExit(f"error: {err}") from None
     uvicorn.run(app, host=cfg.host, port=cfg.port, workers=cfg.workers, factory=cfg.workers > 1,
-                log_level="info")
+                limit_concurrency=cfg.max_connections, log_level="info")
 
 
 if __name__ == "__main__":

@@ -204,7 +204,9 @@ def test_shared_steps_give_each_request_what_it_gets_alone(published, name):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     """ntm v1 (promoted), v2 (not promoted), v3 (an older publish: parity and bar recorded, no
-    production flag); `unpromoted` with one version that failed its bar; a stray '²' folder."""
+    production flag); `unpromoted` with one version that failed its bar; `capped`, whose answers may
+    have 2,000 values; a stray '²' folder; `ntm-int8` with no version (publish leaves the folder of an
+    int8 variant whose gate failed)."""
     from pipeline.export import export_onnx
     from pipeline.publish import serving_meta, write_version
 
@@ -212,19 +214,23 @@ def repo(tmp_path_factory):
     root = tmp / "model_repository"
     limits = {"rows": 4, "steps": 4000, "beam": 4}
 
-    def put(name: str, seed: int, meta: dict) -> None:
+    def put(name: str, seed: int, meta: dict, caps: dict | None = None) -> None:
         torch.manual_seed(seed)
         model = models.build("ntm", TINY["ntm"]).eval()
         onnx_dir = tmp / f"onnx-{name}-{seed}"
         export_onnx(model, onnx_dir)
         graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
         run = SimpleNamespace(task="copy", evaluate={})
-        write_version(root / name, name, onnx_dir, {**serving_meta(model.cfg, graphs, run), "limits": limits},
+        write_version(root / name, name, onnx_dir, {**serving_meta(model.cfg, graphs, run),
+                                                    "limits": {**limits, **(caps or {})}},
                       {"arch": "ntm", "task": "copy", **meta}, [])
 
     put("ntm", 1, {"parity_passed": True, "bar": {"passed": True}, "production": True})
     put("ntm", 2, {"parity_passed": True, "bar": {"passed": False}, "production": False})
     put("unpromoted", 3, {"parity_passed": True, "bar": {"passed": False}, "production": False})
+    put("capped", 4, {"parity_passed": True, "bar": {"passed": True}, "production": True},
+        {"output_elements": 2000})
+    (root / "ntm-int8").mkdir()
     (root / "ntm" / "²").mkdir()  # not a version: must be ignored, not crash start-up
     shutil.copy2(root / "ntm" / "1" / "metadata.json", root / "ntm" / "²" / "metadata.json")
     return root
@@ -275,6 +281,39 @@ def test_requests_over_a_limit_get_413_naming_it(repo):
         status, body = raw(srv.url, "POST", "/v2/models/ntm.step/infer", json.dumps({"inputs": []}).encode())
         assert status == 400
         assert raw(srv.url, "POST", "/v2/models/ntm/infer", _x(4000))[0] == 200  # at the limit: served
+    finally:
+        stop(srv)
+
+
+def test_an_answer_over_the_output_limit_is_413_before_any_work(repo):
+    """The NTM's outputs have the input's rows and time steps: 2 x 100 steps of it are more values
+    than `capped` may answer, known before a step runs."""
+    srv = start_server(repo)
+    try:
+        status, meta = raw(srv.url, "GET", "/v2/models/capped")
+        assert status == 200 and meta["parameters"]["limits"]["output_elements"] == 2000
+        assert raw(srv.url, "GET", "/v2/models/ntm")[1]["parameters"]["limits"]["output_elements"] == 1 << 21
+        started = time.monotonic()
+        status, body = raw(srv.url, "POST", "/v2/models/capped/infer", _x(100, n=2))
+        assert status == 413 and "limits.output_elements = 2000" in body["error"], body
+        assert time.monotonic() - started < 1.0
+        assert raw(srv.url, "POST", "/v2/models/capped/infer", _x(3))[0] == 200
+    finally:
+        stop(srv)
+
+
+def test_unknown_and_empty_models_are_404_and_metrics_keep_to_served_names(repo):
+    srv = start_server(repo)
+    try:
+        for name in ("no_such_model", "ntm-int8", "x" * 300):
+            for method, path in (("GET", ""), ("GET", "/ready"), ("GET", "/versions/1"), ("POST", "/infer")):
+                status, body = raw(srv.url, method, f"/v2/models/{name}{path}", _x(1) if method == "POST" else None)
+                assert status == 404 and "unknown model" in body["error"], (name, path, status, body)
+                assert len(body["error"]) <= 500
+        text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
+        labels = {line.split('model="')[1].split('"')[0] for line in text.splitlines()
+                  if line.startswith("attnzoo_requests_total{")}
+        assert labels == {"_unknown"}, labels
     finally:
         stop(srv)
 

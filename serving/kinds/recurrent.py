@@ -19,6 +19,7 @@ class RecurrentModel(ServedModel):
 
     platform = "attnzoo_recurrent"
     limit_axes = {"x": {0: ("sequences", "rows"), 1: ("time steps", "steps")}}
+    output_axes = {1: ("x", 1)}  # every output is per time step
 
     def __init__(self, name: str, version: int, folder: Path, meta: dict, graphs: dict, limits=None):
         self.init, self.step = graphs["init"], graphs["step"]
