@@ -354,3 +354,53 @@ def test_a_full_admission_queue_answers_503_with_retry_after(repo):
         assert raw(srv.url, "GET", "/v2/health/ready")[0] == 200
     finally:
         stop(srv)
+
+
+POD_MEMORY = 4 * 2**30  # deploy/kserve/serving-runtime.yaml: the runtime pod's memory limit
+
+
+def _vm(pid: int, key: str) -> int:
+    """A /proc/<pid>/status size (VmRSS, VmHWM) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def test_64_of_the_largest_allowed_answers_at_once_fit_the_pod(published):
+    """64 concurrent NTM requests whose answers are each just under limits.output_elements (64 rows
+    of as many time steps as fit): every one answered, and the server's peak RSS stays under the
+    deploy/kserve/ pod's memory limit. One step more per row is refused with 413 before any work."""
+    srv = start_server(published.repo, "--timeout-s", "600")
+    try:
+        meta = raw(srv.url, "GET", "/v2/models/ntm")[1]
+        cap, rows = meta["parameters"]["limits"]["output_elements"], 64
+        per_step = sum(int(np.prod(o["shape"][2:])) for o in meta["outputs"])  # values per row and time step
+        steps = cap // (rows * per_step)
+        features = meta["inputs"][0]["shape"][2]
+        body = json.dumps({"inputs": [{"name": "x", "shape": [rows, steps, features], "datatype": "FP32",
+                                       "data": [0.5] * (rows * steps * features)}]}).encode()
+        over = json.dumps({"inputs": [{"name": "x", "shape": [rows, steps + 1, features], "datatype": "FP32",
+                                       "data": [0.5] * (rows * (steps + 1) * features)}]}).encode()
+        status, answer = raw(srv.url, "POST", "/v2/models/ntm/infer", over)
+        assert status == 413 and "limits.output_elements" in answer["error"], answer
+        before = _vm(srv.proc.pid, "VmRSS")
+
+        def call(_):
+            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=body, method="POST")
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return resp.status, len(resp.read())
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(64) as pool:
+            answers = list(pool.map(call, range(64)))
+        took = time.monotonic() - started
+        peak = _vm(srv.proc.pid, "VmHWM")
+        print(f"64 answers of {rows * steps * per_step:,} values ({answers[0][1] / 2**20:.1f} MiB of JSON each) "
+              f"in {took:.1f} s; server RSS {before / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB "
+              f"(pod limit {POD_MEMORY / 2**20:.0f} MiB)")
+        assert all(status == 200 for status, _ in answers), answers
+        assert rows * steps * per_step <= cap < rows * (steps + 1) * per_step
+        assert peak < POD_MEMORY
+    finally:
+        stop(srv)
