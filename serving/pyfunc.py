@@ -2,7 +2,8 @@
 ``publish`` writes load with ``mlflow.pyfunc.load_model("models:/<name>@production")`` and
 ``predict`` gives the server's answer, computed in process by :class:`serving.client.LocalClient`
 (the same ONNX graphs, request checks and decoding loops). Imported by MLflow only; the server and
-the Triton bundle never import it (it needs ``mlflow``)."""
+the Triton bundle never import it (it needs ``mlflow``). A registered model is logged as code:
+``serving/pyfunc_model.py`` builds it when MLflow loads it, so loading one never unpickles."""
 
 from __future__ import annotations
 
@@ -18,15 +19,14 @@ DECODING_KINDS = ("translation", "image_caption", "text_image", "audio", "points
 
 
 class PublishedModel(mlflow.pyfunc.PythonModel):
-    """Version ``version`` of published model ``name``, whose folder MLflow keeps as the artifact
-    ``repository`` (laid out as ``<name>/<version>/``, as in ``model_repository/``)."""
-
-    def __init__(self, name: str, version: int):
-        self.name, self.version = name, version
+    """Version ``version`` of published model ``name`` (the model's ``model_config``), whose folder
+    MLflow keeps as the artifact ``repository`` (laid out as ``<name>/<version>/``, as in
+    ``model_repository/``). Logged as code (``serving/pyfunc_model.py``), not pickled."""
 
     def load_context(self, context) -> None:
         from serving.client import LocalClient
 
+        self.name, self.version = context.model_config["name"], int(context.model_config["version"])
         self.client = LocalClient(Path(context.artifacts["repository"]))
         self.client.model_metadata(self.name, self.version)  # load the graphs now, not on the first call
 

@@ -52,3 +52,41 @@ def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp
             got = model.predict(feeds, params=p or None)
             want = server.client.infer(name, feeds, version=1, parameters=p or None)
             _same({k: np.asarray(v) for k, v in got.items()}, want)
+
+
+class _Planted:
+    """A pickle that runs code when unpickled: it writes the file named at planting time."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_registered_version_is_code_and_never_unpickled(server, tmp_path, monkeypatch):  # noqa: F811
+    """The logged model is serving/pyfunc_model.py (models-from-code) and carries no pickle; a
+    python_model.pkl planted into it is never read when the model loads (the payload would write a
+    file), and the model still answers as the server."""
+    import cloudpickle
+    import yaml
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.create_experiment("code", artifact_location=(tmp_path / "artifacts").as_uri())
+    folder = server.published.repo / "ntm" / "1"
+    with mlflow.start_run(experiment_id=experiment):
+        register("ntm", folder, json.loads((folder / "metadata.json").read_text()), True, "ntm (test)")
+    local = tmp_path / "model"
+    mlflow.artifacts.download_artifacts("models:/ntm@production", dst_path=str(local))
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor["model_code_path"].endswith("pyfunc_model.py") and "python_model" not in flavor
+    assert not list(local.rglob("*.pkl"))
+    marker = tmp_path / "pwned"
+    (local / "python_model.pkl").write_bytes(cloudpickle.dumps(_Planted(marker)))
+    model = mlflow.pyfunc.load_model(str(local))
+    x = np.random.default_rng(0).integers(0, 2, (2, 4, 5)).astype(np.float32)
+    got = model.predict({"x": x})
+    _same({k: np.asarray(v) for k, v in got.items()}, server.client.infer("ntm", {"x": x}, version=1))
+    assert not marker.exists()
