@@ -14,14 +14,22 @@ def scratch_beside(path: Path) -> Path:
     """An empty folder beside ``path`` to build in and rename into place: named after this process
     (two writers never share one), with what killed processes left there removed."""
     path = Path(path)
-    for stale in path.parent.glob(f"{path.name}.*.tmp"):
-        pid = stale.name[len(path.name) + 1 : -len(".tmp")]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
+    clear_dead(path.parent)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     return tmp
+
+
+def clear_dead(folder: Path) -> None:
+    """Remove the scratch folders and temporary files (``*.<pid>.tmp``) of processes no longer alive."""
+    for stale in Path(folder).glob("*.tmp"):
+        pid = stale.name[: -len(".tmp")].rsplit(".", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

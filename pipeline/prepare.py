@@ -1,6 +1,6 @@
 """Stage ``prepare@<task>``: raw data (packages, seeds) → ``data/prepared/<task>/`` + manifest.
 
-Writes into a temporary folder renamed into place on success, so a failure (say, a missing
+Writes into a scratch folder (named after the process) renamed into place on success, so a failure (say, a missing
 Debian package) leaves any earlier prepared data untouched.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.config import ROOT, UserError, load_params
+from pipeline.files import scratch_beside
 from pipeline.tasks import get_task
 
 
@@ -26,9 +27,7 @@ def prepare(task_name: str, params: dict, out: Path) -> dict:
     """Prepare ``task_name`` with its ``params.yaml`` section into ``out``; returns the manifest."""
     task = get_task(task_name)
     out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = scratch_beside(out)
     try:
         facts = task.prepare(params, tmp)
     except BaseException:

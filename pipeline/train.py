@@ -200,8 +200,8 @@ def checkpoint_seconds() -> float:
 # (tests/test_train.py checks they agree), so whenever DVC re-runs train@ for a code change the loop
 # starts over instead of taking a finished checkpoint of other code as the result.
 TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/__init__.py", "pipeline/config.py",
-              "pipeline/checkpoint.py", "pipeline/tracking.py", "pipeline/train.py", "pipeline/tasks",
-              "serving/features.py")
+              "pipeline/checkpoint.py", "pipeline/files.py", "pipeline/tracking.py", "pipeline/train.py",
+              "pipeline/tasks", "serving/features.py")
 
 
 def code_files(arch: str) -> list[Path]:

@@ -217,3 +217,43 @@ def test_serving_commands_run_without_the_training_stack(tmp_path):
     assert proc.stdout.strip() == '{"y": [[1.600000023841858, 2.200000047683716]]}'  # [1, 2, 3] @ w, w = arange(6)/10
     helped = _without(TRAINING_STACK, "serve", "--help")
     assert helped.returncode == 0 and "usage: attnzoo serve" in helped.stdout, helped.stderr
+
+
+class _Planted:
+    """A pickle that runs code when unpickled: it writes the file named at planting time."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys):
+    """``load_last`` resumes from what ``save`` writes (optimizer, schedule, every RNG state) with
+    ``torch.load(weights_only=True)``; a planted ``trainer.pt`` that would run code is refused and the
+    run starts fresh (the same file under ``weights_only=False`` does run: the plant is real)."""
+    from pipeline.checkpoint import load_last
+    from pipeline.train import rng_state
+
+    torch.manual_seed(0)
+    model = models.build("ntm", TINY["ntm"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    for p in model.parameters():  # a step, so the optimizer has state (exp_avg, step) to save
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    save(tmp_path / "last", model, _run(tmp_path), optimizer, scheduler, {"hash": "h", "step": 7, "rng": [rng_state()]})
+    resumed = load_last(tmp_path, "h", models.build("ntm", TINY["ntm"]), optimizer, scheduler)
+    assert resumed["step"] == 7 and set(resumed["rng"][0]) == {"torch", "numpy", "python"}
+    assert resumed["rng"][0]["numpy"][1].dtype.name == "uint32"  # numpy's state came back as an array
+
+    marker = tmp_path / "pwned"
+    torch.save({"optimizer": {}, "scheduler": {}, "state": {"hash": "h", "payload": _Planted(marker)}},
+               tmp_path / "last" / "trainer.pt")
+    assert load_last(tmp_path, "h", model, optimizer, scheduler) is None
+    assert not marker.exists()
+    out = capsys.readouterr().out
+    assert "ignoring checkpoint" in out and "io.open" in out and "starting fresh" in out
+    torch.load(tmp_path / "last" / "trainer.pt", weights_only=False)  # what the old loader did
+    assert marker.exists()
