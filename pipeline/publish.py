@@ -29,6 +29,7 @@ import yaml
 import models
 from pipeline import tracking
 from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
+from pipeline.files import clear_dead, scratch_beside, sync_folder, write_atomic
 from pipeline.serving_meta import limits, serving_meta
 from serving.repository import VERSION_RE
 
@@ -53,7 +54,7 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
 # serving/ modules bundled into each version for Triton's python backend (model.py imports them):
 # the package without the HTTP server and client (Triton is the server).
 SERVING_DIR = ROOT / "serving"
-NOT_BUNDLED = {"server.py", "client.py", "triton_model.py", "pyfunc.py"}
+NOT_BUNDLED = {"server.py", "client.py", "triton_model.py", "pyfunc.py", "pyfunc_model.py"}
 
 
 def bundle() -> list[str]:
@@ -129,6 +130,13 @@ def digest(folder: Path, serving: dict) -> str:
     return h.hexdigest()
 
 
+def files_sha256(folder: Path) -> dict[str, str]:
+    """{path in the version: SHA-256} of every file a server loads or runs (the graphs, tokenizers and
+    bundled code); metadata.json, which carries this, and the model card are not among them."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("metadata.json", "MODEL_CARD.md")}
+
+
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,
                   artifacts: list[Path]) -> tuple[dict, bool]:
     """Write ``repo/<version>/`` atomically (a temp folder renamed into place).
@@ -137,6 +145,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     """
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     repo.mkdir(parents=True, exist_ok=True)
+    clear_dead(repo)  # what a killed publish left: never a version, but part of the DVC output
     versions = versions_in(repo)
     graph_digest = digest(onnx_dir, serving)
     if versions:
@@ -144,9 +153,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
         if latest.get("graph_sha256") == graph_digest:
             return latest, False
     version = (versions[-1] + 1) if versions else 1
-    tmp = repo / f".{version}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = scratch_beside(repo / str(version))  # not a version name: the server never reads it
     for graph in graphs:
         shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
     for artifact in artifacts:
@@ -157,11 +164,13 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
             (tmp / "serving" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(SERVING_DIR / f, tmp / "serving" / f)
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
-            "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest}
+            "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest,
+            "files_sha256": files_sha256(tmp)}  # what the server checks before it serves the version
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
     (tmp / "MODEL_CARD.md").write_text(model_card(meta, served_metadata(name, version, tmp)))
+    sync_folder(tmp)  # on disk before the rename makes it a version
     tmp.rename(repo / str(version))
-    (repo / "config.pbtxt").write_text(config_pbtxt(name, repo, onnx_dir, graphs))
+    write_atomic(repo / "config.pbtxt", config_pbtxt(name, repo, onnx_dir, graphs))
     return meta, True
 
 
@@ -230,8 +239,9 @@ def model_card(meta: dict, served: dict | None) -> str:
 
 
 def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str) -> str:
-    """Log a published version as an MLflow model in the active run (``serving.pyfunc``: the
-    version's folder, the serving code, a signature from the served metadata) and register it as a
+    """Log a published version as an MLflow model in the active run (models-from-code:
+    ``serving/pyfunc_model.py``, the version's folder, the serving code, a signature from the served
+    metadata; no pickle) and register it as a
     version of registered model ``name``, aliased ``production`` when ``promote``. Returns the
     registered version."""
     import tempfile
@@ -242,7 +252,7 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
 
     from serving.client import LocalClient
     from serving.kinds import kind_of
-    from serving.pyfunc import PublishedModel, input_example, signature
+    from serving.pyfunc import input_example, signature
 
     requirements = []
     for package in ("numpy", "onnxruntime", "sentencepiece", "mlflow"):
@@ -256,7 +266,9 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
         shutil.copytree(version_dir, staged / name / str(version))  # LocalClient's layout: <name>/<version>/
         served = LocalClient(staged).model_metadata(name, version)
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=PublishedModel(name, version), artifacts={"repository": str(staged)},
+            # models-from-code: the model is serving/pyfunc_model.py plus this config, never a pickle
+            name="model", python_model=str(SERVING_DIR / "pyfunc_model.py"),
+            model_config={"name": name, "version": version}, artifacts={"repository": str(staged)},
             code_paths=[str(SERVING_DIR)], pip_requirements=requirements, input_example=input_example(served),
             signature=signature(served, kind_of(meta["serving"], meta["graphs"]), meta["serving"].get("beam", 5)))
     client = mlflow.MlflowClient()
@@ -302,7 +314,8 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
     meta, created = write_version(
         repository / run.name, run.name, onnx_dir, serving,
         {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], "production": promote}, artifacts)
-    if created and not adhoc:
+    # Also a version written by a run killed before it registered it (its metadata has no MLflow version).
+    if not adhoc and (created or "mlflow_version" not in meta):
         _register(run, root, meta, promote)
     meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote,
                                 repository=repository, register=not adhoc)
@@ -323,7 +336,7 @@ def _register(run: RunConfig, root: Path, meta: dict, promote: bool) -> None:
                                           f"attnzoo {run.arch} on {run.task}"
                                           + (f" (int8 variant of {run.name})" if name != run.name else ""))
         mlflow.log_artifact(str(version_dir / "MODEL_CARD.md"))
-    (version_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+    write_atomic(version_dir / "metadata.json", json.dumps(meta, indent=1))
 
 
 # The int8 variant of model X is its own model, X-int8 (model_repository/X-int8/<version>/, MLflow model
@@ -357,7 +370,7 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
          "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"],
          "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
         artifacts)
-    if created and register:
+    if register and (created or "mlflow_version" not in meta):
         _register(run, root, meta, meta["production"])
     return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}
 

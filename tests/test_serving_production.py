@@ -404,3 +404,41 @@ def test_64_of_the_largest_allowed_answers_at_once_fit_the_pod(published):
         assert peak < POD_MEMORY
     finally:
         stop(srv)
+
+
+def test_a_version_changed_after_publishing_is_not_served(published, tmp_path):
+    """publish records every file's SHA-256 (files_sha256); a version whose graph was replaced, or
+    whose metadata names a file outside its folder, is refused at load (logged, listed in
+    Repository.errors), and the others are served."""
+    from serving.repository import Repository
+
+    root = tmp_path / "model_repository"
+    shutil.copytree(published.repo / "ntm", root / "ntm")
+    shutil.copytree(published.repo / "bahdanau", root / "bahdanau")
+    meta = json.loads((root / "ntm" / "1" / "metadata.json").read_text())
+    assert set(meta["files_sha256"]) >= {f"{g}.onnx" for g in meta["graphs"]}
+    graph = root / "ntm" / "1" / f"{meta['graphs'][0]}.onnx"
+    graph.write_bytes(graph.read_bytes()[:-1] + b"\0")  # one byte changed
+    meta2 = json.loads((root / "ntm" / "2" / "metadata.json").read_text())
+    meta2["graphs"] = ["../../bahdanau/1/encoder"]
+    (root / "ntm" / "2" / "metadata.json").write_text(json.dumps(meta2))
+    repo = Repository(root)
+    assert "differs from what publish recorded" in repo.errors["ntm/1"], repo.errors
+    assert "not a file name in the version" in repo.errors["ntm/2"], repo.errors
+    assert "ntm" not in repo.models and repo.versions("bahdanau") == [1]
+
+
+def test_an_input_with_an_empty_axis_is_400_and_the_server_lives_on(published):
+    """ONNX Runtime aborts the whole process on some encoders given an axis of size 0 (found by
+    tests/test_server_fuzz.py): such inputs are refused before they reach it."""
+    srv = start_server(published.repo)
+    try:
+        for shape, lengths in (([0, 4], [0]), ([2, 0], [4, 4])):
+            body = json.dumps({"inputs": [
+                {"name": "src", "shape": shape, "datatype": "INT64", "data": [0] * int(np.prod(shape))},
+                {"name": "src_len", "shape": [len(lengths)], "datatype": "INT64", "data": lengths}]}).encode()
+            status, answer = raw(srv.url, "POST", "/v2/models/bahdanau.encoder/infer", body)
+            assert status == 400 and "has an empty axis" in answer["error"], answer
+        assert raw(srv.url, "GET", "/v2/health/live")[0] == 200 and srv.proc.poll() is None
+    finally:
+        stop(srv)
