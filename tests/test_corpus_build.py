@@ -4,6 +4,9 @@ own corpus through the translation task, and the errors a user can meet."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +140,41 @@ def test_own_corpus_errors_name_the_fix(tmp_path):
 def test_a_package_that_cannot_be_fetched_is_named_with_the_way_out(tmp_path):
     with pytest.raises(CorpusError, match=r"attnzoo-no-such-package could not be fetched .*turn its source off"):
         fetch(["attnzoo-no-such-package"], tmp_path, progress=False)
+
+
+def _fake_deb(folder: Path, file_name: str) -> Path:
+    """A real .deb (dpkg-deb --build) under a name apt would give another package's file."""
+    tree = folder / "tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text("Package: coreutils\nVersion: 0\nArchitecture: all\n"
+                                             "Maintainer: x <x@example.org>\nDescription: planted\n")
+    (tree / "usr" / "share").mkdir(parents=True)
+    (tree / "usr" / "share" / "planted").write_text("not the package apt lists\n")
+    debs = folder / "cache" / "debs"
+    debs.mkdir(parents=True)
+    subprocess.run(["dpkg-deb", "--build", str(tree), str(debs / file_name)], check=True, capture_output=True)
+    return folder / "cache"
+
+
+def test_a_cached_deb_that_differs_from_apts_index_is_refused(tmp_path):
+    """The cache is not trusted: a .deb under the name of the version apt lists, but with other
+    bytes, is refused before it is unpacked (it was used as it was)."""
+    shown = subprocess.run(["apt-cache", "show", "--no-all-versions", "coreutils"], capture_output=True, text=True)
+    version = re.search(r"^Version: (\S+)$", shown.stdout, re.M)[1]
+    cache = _fake_deb(tmp_path, f"coreutils_{version.replace(':', '%3a')}_amd64.deb")
+    with pytest.raises(CorpusError, match="differs from the SHA-256 apt's package index records"):
+        fetch(["coreutils"], cache, progress=False)
+    assert not list((cache / "trees").iterdir())  # nothing unpacked
+
+
+def test_a_version_from_a_file_name_never_leaves_the_cache(tmp_path):
+    """apt's file names are URL-quoted; a planted name whose version unquotes to a path is refused
+    before anything is deleted or unpacked (it was joined into a path that was rmtree'd)."""
+    outside = tmp_path / "cache" / "outside"
+    cache = _fake_deb(tmp_path, "coreutils_..%2f..%2f..%2foutside_amd64.deb")  # trees/coreutils_../../../outside
+    (cache / "trees" / "coreutils_..").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    with pytest.raises(CorpusError, match="is not named as apt names a package"):
+        fetch(["coreutils"], cache, progress=False)
+    assert (outside / "keep").read_text() == "mine"

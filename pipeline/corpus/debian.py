@@ -4,17 +4,24 @@
 into ``<cache>/debs``; ``dpkg-deb -x`` unpacks each into ``<cache>/trees/<name>_<version>``. Both
 steps are skipped for what the cache already holds, so a second build downloads nothing. The
 versions found are returned for the manifest: the same versions give the same corpus.
+
+The cache is not trusted: every cached ``.deb`` is checked against the SHA-256 that apt's package
+index (root's, under /var/lib/apt/lists) records for its version before it is used, and names and
+versions taken from file names must be Debian's, so none can reach a path outside the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from urllib.parse import unquote
 
 from pipeline.corpus import CorpusError
+from pipeline.files import scratch_beside
 
 
 def default_cache() -> Path:
@@ -23,6 +30,10 @@ def default_cache() -> Path:
     if os.environ.get("ATTNZOO_CACHE"):
         return Path(os.environ["ATTNZOO_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo"
+
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")  # Debian policy's package names
+VERSION_RE = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")  # [epoch:]upstream[-revision]: never a '/'
 
 
 def _debs(folder: Path) -> dict[str, Path]:
@@ -34,7 +45,37 @@ def _debs(folder: Path) -> dict[str, Path]:
 
 
 def _version(deb: Path) -> str:
-    return unquote(deb.name.split("_")[1])  # apt writes the epoch's ':' as %3a
+    """The version in a cached file's name, checked: it names a folder of the cache."""
+    parts = deb.name.split("_")
+    version = unquote(parts[1]) if len(parts) == 3 else ""  # apt writes the epoch's ':' as %3a
+    if not NAME_RE.fullmatch(parts[0]) or not VERSION_RE.fullmatch(version):
+        raise CorpusError(f"{deb} is not named as apt names a package (name_version_arch.deb): delete it")
+    return version
+
+
+def _indexed_sha256(debs: dict[str, Path]) -> dict[str, str]:
+    """{name: the SHA-256 apt's package index records for the cached version of it}."""
+    wanted = {name: _version(deb) for name, deb in debs.items()}
+    shown = subprocess.run(["apt-cache", "show", "--no-all-versions", *(f"{n}={v}" for n, v in wanted.items())],
+                           capture_output=True, text=True).stdout
+    out = {}
+    for paragraph in shown.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in paragraph.splitlines() if ": " in line and line[0] != " ")
+        if wanted.get(fields.get("Package")) == fields.get("Version") and "SHA256" in fields:
+            out[fields["Package"]] = fields["SHA256"]
+    return out
+
+
+def _verified(name: str, deb: Path, indexed: dict[str, str]) -> str:
+    """The SHA-256 of a cached ``.deb``, once it matches apt's package index."""
+    digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+    if name not in indexed:
+        raise CorpusError(f"{deb} is a version apt's package index does not list (after an apt-get update?): "
+                          "delete it and build again to download the listed one")
+    if digest != indexed[name]:
+        raise CorpusError(f"{deb} differs from the SHA-256 apt's package index records for it (the cache was "
+                          "changed): delete it and build again")
+    return digest
 
 
 def _download(names: list[str], folder: Path, hint: str) -> None:
@@ -73,24 +114,26 @@ def fetch(names: list[str], cache: Path, hint: str = "turn its source off in par
             _download(missing[at : at + 20], debs_dir, hint)
         have = _debs(debs_dir)
     out = {}
+    missing = [n for n in wanted if n not in have]
+    if missing:  # apt-get succeeded but wrote another name (a virtual package)
+        raise CorpusError(f"Debian package {missing[0]} could not be fetched (apt-get download gave no "
+                          f"{missing[0]}_*.deb): check the name, or {hint}")
+    indexed = _indexed_sha256({n: have[n] for n in wanted})
     for name in wanted:
-        if name not in have:  # apt-get succeeded but wrote another name (a virtual package)
-            raise CorpusError(f"Debian package {name} could not be fetched (apt-get download gave no {name}_*.deb): "
-                              f"check the name, or {hint}")
         deb = have[name]
         version = _version(deb)
+        digest = _verified(name, deb, indexed)
         tree = trees_dir / f"{name}_{version}"
-        if not (tree / ".unpacked").exists():
+        marker = tree / ".unpacked"  # the SHA-256 of the .deb it was unpacked from
+        if not marker.exists() or marker.read_text() != digest:
             shutil.rmtree(tree, ignore_errors=True)
-            tmp = tree.with_name(tree.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            tmp = scratch_beside(tree)
             got = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
             if got.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise CorpusError(f"{deb.name} could not be unpacked ({got.stderr.strip()[-200:]}): delete it "
                                   "from the cache and build again")
-            (tmp / ".unpacked").write_text(version)
+            (tmp / ".unpacked").write_text(digest)
             tmp.rename(tree)
         out[name] = (version, tree)
     return out
