@@ -40,7 +40,13 @@ class ServedModel(ABC):
                 "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
 
     def check_limits(self, feeds: dict[str, np.ndarray], params: dict) -> None:
-        """413 for a request over one of this model's limits (before any work is queued)."""
+        """413 for a request over one of this model's limits, 400 for an empty input (before any
+        work is queued)."""
+        for name, array in feeds.items():
+            # ONNX Runtime aborts the whole process on some graphs given an axis of size 0
+            if 0 in array.shape:
+                raise RequestError(f"input '{name}' has an empty axis (shape {list(array.shape)}): every axis "
+                                   "needs at least one element")
         for name, axes in self.limit_axes.items():
             if name in feeds:
                 for axis, (what, limit) in axes.items():
