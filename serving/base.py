@@ -39,29 +39,30 @@ class ServedModel(ABC):
         return {"name": self.name, "versions": [str(v) for v in versions], "platform": self.platform,
                 "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
 
-    def check_limits(self, feeds: dict[str, np.ndarray], params: dict) -> None:
-        """413 for a request over one of this model's limits, 400 for an empty input (before any
-        work is queued)."""
-        for name, array in feeds.items():
+    def check_limits(self, shapes: dict[str, tuple[int, ...]], params: dict) -> None:
+        """413 for a request over one of this model's limits, 400 for an empty input, from its
+        inputs' shapes alone: the server checks the shapes a request declares before it reads the data."""
+        for name, shape in shapes.items():
             # ONNX Runtime aborts the whole process on some graphs given an axis of size 0
-            if 0 in array.shape:
-                raise RequestError(f"input '{name}' has an empty axis (shape {list(array.shape)}): every axis "
+            if 0 in shape:
+                raise RequestError(f"input '{name}' has an empty axis (shape {list(shape)}): every axis "
                                    "needs at least one element")
         for name, axes in self.limit_axes.items():
-            if name in feeds:
+            if name in shapes:
                 for axis, (what, limit) in axes.items():
-                    if feeds[name].ndim > axis:
-                        over_limit(f"input '{name}': the number of {what} (axis {axis})", feeds[name].shape[axis],
+                    if len(shapes[name]) > axis:
+                        over_limit(f"input '{name}': the number of {what} (axis {axis})", shapes[name][axis],
                                    limit, getattr(self.limits, limit))
         if "beam" in params and isinstance(params["beam"], int):
             over_limit("parameter 'beam'", params["beam"], "beam", self.limits.beam)
-        over_limit("the answer's size in values (at least)", self.least_output(feeds), "output_elements",
+        over_limit("the answer's size in values (at least)", self.least_output(shapes), "output_elements",
                    self.limits.output_elements)
 
-    def least_output(self, feeds: dict[str, np.ndarray]) -> int:
+    def least_output(self, shapes: dict[str, tuple[int, ...]]) -> int:
         """Values the answer has at least, known before any work: declared sizes, the rows, the
         :attr:`output_axes`; other free sizes count as 1."""
-        rows = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
+        first = next(iter(shapes.values()), ())
+        rows = first[0] if first else 1
         total = 0
         for spec in self.outputs:
             size = 1
@@ -71,8 +72,8 @@ class ServedModel(ABC):
                     size *= d
                 elif axis == 0:
                     size *= rows
-                elif name in feeds and feeds[name].ndim > at:
-                    size *= feeds[name].shape[at]
+                elif name in shapes and len(shapes[name]) > at:
+                    size *= shapes[name][at]
             total += size
         return total
 

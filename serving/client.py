@@ -201,7 +201,7 @@ class LocalClient(Client):
             body["parameters"] = parameters
         try:  # the server's own request checks, so a local answer is the server's answer
             feeds, wanted, params = parse_request(body, model.inputs, model.outputs)
-            model.check_limits(feeds, params)
+            model.check_limits({n: a.shape for n, a in feeds.items()}, params)
             outs = model.infer(feeds, params)
         except RequestError as err:
             raise LocalError(err.status, str(err)) from None

@@ -164,6 +164,21 @@ def check_against(spec: TensorSpec, array: np.ndarray, datatype: str) -> None:
                            f"got {list(array.shape)}")
 
 
+def declared_shapes(body: Any, inputs: list[TensorSpec]) -> dict[str, tuple[int, ...]]:
+    """The shapes a request declares for the model's ``inputs``, from its well-formed entries, for
+    the model's limits before any data is read (:func:`parse_request` rejects the rest)."""
+    names, shapes = {s.name for s in inputs}, {}
+    tensors = body.get("inputs") if isinstance(body, dict) else None
+    for tensor in tensors if isinstance(tensors, list) else []:
+        if not isinstance(tensor, dict):
+            continue
+        name, shape = tensor.get("name"), tensor.get("shape")
+        if (isinstance(name, str) and isinstance(shape, list) and len(shape) <= MAX_DIMS
+                and all(_is_int(d) and 0 <= d <= MAX_ELEMENTS for d in shape)):
+            shapes[name] = tuple(shape)
+    return {n: s for n, s in shapes.items() if n in names}
+
+
 def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec],
                   binary: dict[str, bytes] | None = None) -> tuple[dict[str, np.ndarray], list[str], dict]:
     """Validate an inference request against a model's declared tensors. ``binary``: the binary

@@ -36,6 +36,7 @@ from serving.protocol import (
     HEADER_LENGTH,
     RequestError,
     binary_outputs,
+    declared_shapes,
     decode_body,
     encode_response,
     parse_request,
@@ -365,16 +366,18 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             latency.labels(label(name)).observe(time.perf_counter() - started)
 
     def parse(model: ServedModel, raw: bytes, http_headers) -> tuple:
-        """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: by
+        """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: against
+        the model's limits on the shapes it declares (413 before its data is read), then by
         serving.protocol, not by pydantic (one pass over possibly large data, JSON or JSON + binary
-        tensor data, maybe gzipped), then against the model's limits (413 before any work is queued)."""
+        tensor data, maybe gzipped)."""
         raw = decode_body(raw, http_headers.get("content-encoding"), int(cfg.max_body_mb * 2**20))
         body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
+        params = body.get("parameters") if isinstance(body, dict) else None
+        model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
         feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
         request_id = body.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError("'id' must be a string")
-        model.check_limits(feeds, params)
         return feeds, wanted, params, binary_outputs(body, wanted), request_id
 
     def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):

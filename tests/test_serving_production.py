@@ -278,6 +278,10 @@ def test_requests_over_a_limit_get_413_naming_it(repo):
         assert status == 413 and "limits.steps = 4000" in body["error"] and "time steps" in body["error"], body
         status, body = raw(srv.url, "POST", "/v2/models/ntm/infer", _x(2, n=5))
         assert status == 413 and "limits.rows = 4" in body["error"], body
+        # the declared shape is checked before the data is read: 20,000 rows of no data is a 413
+        status, body = raw(srv.url, "POST", "/v2/models/ntm/infer", json.dumps({"inputs": [
+            {"name": "x", "shape": [20000, 2, 5], "datatype": "FP32", "data": [0.0]}]}).encode())
+        assert status == 413 and "limits.rows = 4" in body["error"], body
         status, body = raw(srv.url, "POST", "/v2/models/ntm.step/infer", json.dumps({"inputs": []}).encode())
         assert status == 400
         assert raw(srv.url, "POST", "/v2/models/ntm/infer", _x(4000))[0] == 200  # at the limit: served
