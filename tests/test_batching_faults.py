@@ -46,33 +46,31 @@ def _in_thread(fn) -> dict:
     return out
 
 
+def _via_runner(batcher: batching.StepBatcher, feeds: dict) -> dict:
+    """A call handed to the batcher's runner thread (as when another call is in flight): its result
+    or error, from a request thread."""
+    with batcher.cond:
+        batcher.busy = True  # a call in flight: the next one is queued for the runner
+    answer: dict = {}
+    waiting = threading.Thread(target=lambda: answer.update(_in_thread(lambda: batcher(feeds))))
+    waiting.start()
+    time.sleep(0.2)
+    with batcher.cond:
+        batcher.busy = False
+        batcher.cond.notify_all()
+    waiting.join(10)
+    return answer
+
+
 def test_a_step_batcher_whose_runner_fails_answers_its_callers_and_goes_on(monkeypatch):
     graph = _Graph({"x": ["batch", 2]}, {"y": ["batch", 2]}, lambda f: {"y": f["x"] * 2})
     batcher = batching.StepBatcher(graph, max_delay_s=0.0)
     real = batcher._groups
     monkeypatch.setattr(batcher, "_groups", lambda calls: (_ for _ in ()).throw(RuntimeError("bug in grouping")))
-    with batcher.cond:
-        batcher.busy = True  # a call in flight: the next one is handed to the runner
-    answer: dict = {}
-    waiting = threading.Thread(target=lambda: answer.update(_in_thread(lambda: batcher({"x": np.ones((1, 2))}))))
-    waiting.start()
-    time.sleep(0.2)
-    with batcher.cond:
-        batcher.busy = False
-        batcher.cond.notify_all()
-    waiting.join(10)
+    answer = _via_runner(batcher, {"x": np.ones((1, 2))})
     assert isinstance(answer.get("error"), RuntimeError) and "bug in grouping" in str(answer["error"])
     monkeypatch.setattr(batcher, "_groups", real)
-    with batcher.cond:
-        batcher.busy = True
-    later: dict = {}
-    waiting = threading.Thread(target=lambda: later.update(_in_thread(lambda: batcher({"x": np.ones((1, 2))}))))
-    waiting.start()
-    time.sleep(0.2)
-    with batcher.cond:
-        batcher.busy = False
-        batcher.cond.notify_all()
-    waiting.join(10)
+    later = _via_runner(batcher, {"x": np.ones((1, 2))})
     assert np.array_equal(later["result"]["y"], [[2.0, 2.0]]), later  # the runner survived
 
 

@@ -446,3 +446,23 @@ def test_an_input_with_an_empty_axis_is_400_and_the_server_lives_on(published):
         assert raw(srv.url, "GET", "/v2/health/live")[0] == 200 and srv.proc.poll() is None
     finally:
         stop(srv)
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(repo):
+    """A client that declares 100 bytes and sends 10 holds its buffer until --body-timeout-s, then
+    gets 408 (before: for as long as it liked)."""
+    import socket
+
+    srv = start_server(repo, "--body-timeout-s", "0.5")
+    try:
+        host, port = srv.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/ntm/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n" + b'{"inputs":')
+            started = time.monotonic()
+            answer = sock.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer, answer
+        assert time.monotonic() - started < 5
+        assert raw(srv.url, "GET", "/v2/health/live")[0] == 200
+    finally:
+        stop(srv)
