@@ -66,4 +66,5 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 
 # `docker run IMAGE --workers 2 ...` or a ServingRuntime's args replace CMD (give the flags below again).
 ENTRYPOINT ["python", "-m", "serving.server"]
-CMD ["--host", "0.0.0.0", "--port", "8080", "--repository", "/mnt/models"]
+# A production server answers the protocol only: no playground page at / (docs/security.md).
+CMD ["--host", "0.0.0.0", "--port", "8080", "--repository", "/mnt/models", "--no-playground"]

@@ -17,8 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-# Data sources (the README's model table; docs/architecture.md §1): translation pairs, the OCR word list and fonts, the speech synthesiser.
-DEBIAN_PACKAGES="dict-de-en wamerican fonts-dejavu-core fonts-liberation fonts-dkg-handwriting espeak-ng"
+# Data sources (the README's model table; docs/architecture.md §1): translation pairs, the OCR word list and fonts, the speech synthesiser;
+# then the browser (and its WebDriver) that tests/test_playground.py drives the server's playground page with.
+DEBIAN_PACKAGES="dict-de-en wamerican fonts-dejavu-core fonts-liberation fonts-dkg-handwriting espeak-ng chromium chromium-driver"
 NODEPS_LOCK=requirements-nodeps.lock
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -110,8 +111,9 @@ if [ -n "$missing" ]; then
   elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
     sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
   else
-    echo "warning: Debian package(s)$missing are needed for the data; install them with" \
-         "'sudo apt-get install$missing' (the prepare stages that need them stop with a message naming the package until then)." >&2
+    echo "warning: Debian package(s)$missing are needed for the data and the browser test; install them with" \
+         "'sudo apt-get install$missing' (the prepare stages that need them stop with a message naming the package," \
+         "and tests/test_playground.py fails naming them, until then)." >&2
   fi
 fi
 touch "$VENV/.setup-done"

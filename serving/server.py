@@ -3,7 +3,10 @@
 ``attnzoo serve --repository model_repository --port 8000`` (see ``--help``). ONNX Runtime only:
 CUDA execution provider when a GPU is visible, CPU otherwise; the choice is logged at start-up.
 Endpoints: ``GET /v2``, ``/v2/health/{live,ready}``, ``/v2/models/{name}[/versions/{v}][/ready]``,
-``POST /v2/models/{name}[/versions/{v}]/infer``, Prometheus ``/metrics``, ``/openapi.json``.
+``POST /v2/models/{name}[/versions/{v}]/infer``, ``POST /v2/repository/index`` (Triton's model
+repository extension: the served models), Prometheus ``/metrics``, ``/openapi.json``; the
+playground page at ``/`` (``serving/playground/``, off with ``--no-playground``), which calls only
+these endpoints.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool, ValidationError
 from starlette.exceptions import HTTPException
 
 from serving import __version__
@@ -73,6 +77,7 @@ class ServeConfig:
     body_timeout_s: float = 30.0  # the longest a request body may take to arrive (HTTP 408): slow senders
     max_connections: int = 1024  # HTTP connections and requests in flight per worker; beyond: 503
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
+    playground: bool = True  # the page at / (a production server behind a gateway turns it off)
 
 
 # `attnzoo serve --help`, one line per ServeConfig field (the defaults are appended from the dataclass).
@@ -96,6 +101,7 @@ HELP = {
     "body_timeout_s": "the longest a request body may take to arrive, in seconds (slower: 408)",
     "max_connections": "HTTP connections and requests in flight per worker (more: 503 at once)",
     "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
+    "playground": "the playground page at /: every served model's input and attention, drawn from this API's answers",
 }
 
 
@@ -152,6 +158,16 @@ class ModelMetadata(BaseModel):
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
     parameters: dict[str, Any] | None = None  # version, default_version (+ reason), kind, limits
+
+
+class RepositoryIndexRequest(BaseModel):
+    ready: StrictBool | None = None  # true: only models ready to answer (every listed one is)
+
+
+class RepositoryIndexEntry(BaseModel):
+    name: str
+    version: str
+    state: str
 
 
 class ServerMetadata(BaseModel):
@@ -301,7 +317,27 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
 
     @app.get("/v2", response_model=ServerMetadata)
     async def server_metadata():
-        return {"name": "attnzoo", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return {"name": "attnzoo", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]}
+
+    index_doc = {"requestBody": {"required": False, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/RepositoryIndexRequest"}}}}}
+
+    @app.post("/v2/repository/index", response_model=list[RepositoryIndexEntry], responses=ERRORS,
+              openapi_extra=index_doc)
+    async def repository_index(request: Request):
+        """Triton's model repository index: the protocol has no other way to list what is served.
+        Every served version is loaded, hence READY whatever "ready" asks; a version that failed
+        to load is not served and not listed (the log and /v2/health/ready report it). The body is
+        read whatever its Content-Type, as for infer (``curl -d '{}'`` says form data)."""
+        try:
+            RepositoryIndexRequest.model_validate_json(await request.body() or b"{}")
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise RequestError(f"invalid repository index request: {first['msg']}"
+                               + (f" at {where}" if where else "")) from None
+        return [{"name": name, "version": str(v), "state": "READY"}
+                for name in sorted(repo.models) for v in repo.versions(name)]
 
     @app.get("/v2/health/live", response_model=Live)
     async def live():
@@ -462,6 +498,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             components = doc.setdefault("components", {}).setdefault("schemas", {})
             components.update(schema.pop("$defs", {}))
             components["InferenceRequest"] = schema
+            components["RepositoryIndexRequest"] = RepositoryIndexRequest.model_json_schema()
             app.openapi_schema = doc
         return app.openapi_schema
 
@@ -477,7 +514,44 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             return Response(generate_latest(merged), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    if cfg.playground:
+        add_playground(app)
     return app
+
+
+PLAYGROUND = Path(__file__).resolve().with_name("playground")
+MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+               ".css": "text/css; charset=utf-8"}
+# The browser itself keeps the page to this server: no script, style, image or request elsewhere
+# (the page works offline and a tampered input cannot make it call out).
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
+                                           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+
+
+def add_playground(app: FastAPI) -> None:
+    """``GET /`` (the page) and ``GET /playground/{file}`` (its script and style sheet). The files
+    are read once, here; a request names one of them by its bare name, never a path, so nothing
+    outside serving/playground/ can be served."""
+    found = sorted(PLAYGROUND.iterdir()) if PLAYGROUND.is_dir() else []  # an install without the page's files
+    files = {p.name: (p.read_bytes(), MEDIA_TYPES[p.suffix]) for p in found if p.is_file() and p.suffix in MEDIA_TYPES}
+    if "index.html" not in files:
+        log.warning("no playground page in %s: / is not served", PLAYGROUND)
+        return
+
+    def page(name: str) -> Response:
+        if name not in files:
+            return error(404, f"no playground file '{name[:80]}'; files: {sorted(files)}")
+        content, media_type = files[name]
+        return Response(content, media_type=media_type, headers=PAGE_HEADERS)
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return page("index.html")
+
+    @app.get("/playground/{name}", include_in_schema=False)
+    async def playground_file(name: str):
+        return page(name)
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

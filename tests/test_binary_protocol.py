@@ -428,7 +428,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_server_metadata_declares_the_extension(triton, server):  # noqa: F811
     meta = triton.get_server_metadata()
     assert "binary_tensor_data" in meta["extensions"] and meta["name"] == "attnzoo"
-    assert server.client.server_metadata()["extensions"] == ["binary_tensor_data"]
+    assert server.client.server_metadata()["extensions"] == ["binary_tensor_data", "model_repository"]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -137,7 +137,7 @@ def test_dockerfile_runs_the_server_as_non_root_on_8080_with_its_real_flags():
     (entrypoint,), (cmd,) = instruction("ENTRYPOINT"), instruction("CMD")
     assert exec_form(entrypoint) == ["python", "-m", "serving.server"]
     cmd = exec_form(cmd)
-    assert cmd == ["--host", "0.0.0.0", "--port", str(PORT), "--repository", MODELS]
+    assert cmd == ["--host", "0.0.0.0", "--port", str(PORT), "--repository", MODELS, "--no-playground"]
     flags = server_flags()
     assert {a for a in cmd if a.startswith("--")} <= flags
     container = manifest(RUNTIME)["spec"]["containers"][0]
@@ -242,8 +242,9 @@ def test_inference_service_uses_the_runtime_and_the_runtime_the_image():
     for doc in (ROOT / "deploy" / "README.md", DOCKERFILE):
         tags = set(re.findall(r"attnzoo-serve:([\w.+-]+)", doc.read_text()))
         assert tags and tags <= {version, f"{version}-cuda"}, (doc.name, tags)
-    args = dict(a.split("=", 1) for a in container["args"])
+    args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
     assert args["--host"] == "0.0.0.0" and args["--port"] == str(PORT) and args["--repository"] == MODELS
+    assert "--no-playground" in container["args"]  # production: the protocol only
     assert [p["containerPort"] for p in container["ports"]] == [PORT]
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["port"] == PORT
