@@ -328,7 +328,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         """Triton's model repository index: the protocol has no other way to list what is served.
         Every served version is loaded, hence READY whatever "ready" asks; a version that failed
         to load is not served and not listed (the log and /v2/health/ready report it). The body is
-        read whatever its Content-Type, as for infer (``curl -d '{}'`` says form data)."""
+        read whatever its Content-Type, as for infer (a command-line client's ``-d '{}'`` says form data)."""
         try:
             RepositoryIndexRequest.model_validate_json(await request.body() or b"{}")
         except ValidationError as err:
