@@ -165,3 +165,14 @@ def published(tmp_path_factory):
     from tests.serving_repo import build_published
 
     return build_published(tmp_path_factory.mktemp("publish"))
+
+
+class Planted:
+    """A pickle that runs code when it is unpickled: it writes the file named at planting time. What a
+    hostile checkpoint, packed case or MLflow model could hold; the tests show it is never loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))

@@ -13,7 +13,7 @@ import models
 from pipeline.checkpoint import load_model, save
 from pipeline.cli import DESCRIPTIONS
 from pipeline.config import RunConfig, TrainConfig, UserError
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, Planted
 
 
 def cli(*args, cwd=ROOT, timeout=300):
@@ -219,16 +219,6 @@ def test_serving_commands_run_without_the_training_stack(tmp_path):
     assert helped.returncode == 0 and "usage: attnzoo serve" in helped.stdout, helped.stderr
 
 
-class _Planted:
-    """A pickle that runs code when unpickled: it writes the file named at planting time."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys):
     """``load_last`` resumes from what ``save`` writes (optimizer, schedule, every RNG state) with
     ``torch.load(weights_only=True)``; a planted ``trainer.pt`` that would run code is refused and the
@@ -249,7 +239,7 @@ def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys):
     assert resumed["rng"][0]["numpy"][1].dtype.name == "uint32"  # numpy's state came back as an array
 
     marker = tmp_path / "pwned"
-    torch.save({"optimizer": {}, "scheduler": {}, "state": {"hash": "h", "payload": _Planted(marker)}},
+    torch.save({"optimizer": {}, "scheduler": {}, "state": {"hash": "h", "payload": Planted(marker)}},
                tmp_path / "last" / "trainer.pt")
     assert load_last(tmp_path, "h", model, optimizer, scheduler) is None
     assert not marker.exists()

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, copy_repo, venv_env
+from tests.conftest import ROOT, Planted, copy_repo, venv_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
@@ -195,23 +195,11 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
         "--seeded checks the entries with seeded weights")
 
 
-class _Planted:
-    """A pickle that runs a command when it is loaded (what a hostile --cases folder could hold)."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        import os
-
-        return os.system, (f"touch {self.marker}",)
-
-
 def test_packed_cases_are_loaded_without_running_a_planted_pickle(tmp_path):
     import torch
 
     marker = tmp_path / "ran"
-    torch.save({"model": _Planted(marker)}, tmp_path / "ntm.pt")
+    torch.save({"model": Planted(marker)}, tmp_path / "ntm.pt")
     with pytest.raises(SystemExit, match=r"holds more than tensors and plain values .*pack the cases again"):
         gpu_check.load_cases(tmp_path / "ntm.pt")
     assert not marker.exists()

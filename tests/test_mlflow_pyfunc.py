@@ -9,7 +9,7 @@ import mlflow
 import numpy as np
 
 from pipeline.publish import register
-from tests.conftest import TINY, tiny_batch
+from tests.conftest import TINY, Planted, tiny_batch
 from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _same
 
@@ -54,16 +54,6 @@ def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp
             _same({k: np.asarray(v) for k, v in got.items()}, want)
 
 
-class _Planted:
-    """A pickle that runs code when unpickled: it writes the file named at planting time."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_a_registered_version_is_code_and_never_unpickled(server, tmp_path, monkeypatch):  # noqa: F811
     """The logged model is serving/pyfunc_model.py (models-from-code) and carries no pickle; a
     python_model.pkl planted into it is never read when the model loads (the payload would write a
@@ -84,7 +74,7 @@ def test_a_registered_version_is_code_and_never_unpickled(server, tmp_path, monk
     assert flavor["model_code_path"].endswith("pyfunc_model.py") and "python_model" not in flavor
     assert not list(local.rglob("*.pkl"))
     marker = tmp_path / "pwned"
-    (local / "python_model.pkl").write_bytes(cloudpickle.dumps(_Planted(marker)))
+    (local / "python_model.pkl").write_bytes(cloudpickle.dumps(Planted(marker)))
     model = mlflow.pyfunc.load_model(str(local))
     x = np.random.default_rng(0).integers(0, 2, (2, 4, 5)).astype(np.float32)
     got = model.predict({"x": x})
