@@ -32,13 +32,22 @@ class TrainConfig:
     """Hyper-parameters of the shared training loop."""
 
     seed: int = 0
-    batch_size: int = 64
+    batch_size: int = 64  # items per global batch (validation always; training unless max_tokens)
+    # Token-based training batches (translation): each global batch holds at most this many padded
+    # tokens (items x the longest item's length, task.length), cut from the length-sorted corpus. 0: batch_size.
+    max_tokens: int = 0
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: int = 10
     max_steps: int = 0  # 0: no cap beyond epochs
     warmup_steps: int = 100
+    # After the linear warm-up: cosine decay to min_lr_ratio over the run, or inverse_sqrt
+    # (lr * sqrt(warmup_steps / step), Vaswani et al. §5.3: the same at any run length).
+    schedule: str = "cosine"
     min_lr_ratio: float = 0.1  # cosine decay floor, relative to lr
+    # Average the weights of the last N validations (eval_every steps apart); the average becomes the
+    # best checkpoint when its validation loss is lower. 0: off.
+    average_last: int = 0
     grad_clip: float = 1.0
     # bf16: autocast matmuls to bfloat16 (weights, optimizer state and the loss stay fp32). On a CPU
     # with AVX512-BF16 a Transformer step took 0.62x the fp32 time (docs/benchmarks.md). fp32: the

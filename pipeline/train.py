@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -76,6 +77,38 @@ def bucket_batches(lengths: list[int], batch_size: int, seed: int, shuffle: bool
     return batches
 
 
+def token_batches(lengths: list[int], max_tokens: int, seed: int, shuffle: bool) -> list[list[int]]:
+    """Batches of at most ``max_tokens`` padded tokens (items x the batch's longest length), cut from
+    the whole set sorted by length, so a batch carries almost no padding.
+
+    The cuts depend on the sorted lengths alone, so every epoch has the same number of batches of the
+    same sizes (the schedule's step count is known up front); ties are broken by a ``seed``-shuffled
+    order, so batch contents still change between epochs, and the batch order is shuffled. An item
+    longer than ``max_tokens`` is a batch of its own. Deterministic given ``seed``.
+    """
+    order = list(range(len(lengths)))
+    rng = random.Random(seed)
+    if shuffle:
+        rng.shuffle(order)
+    order.sort(key=lambda i: lengths[i])  # stable: equal lengths keep the shuffled order
+    batches, start = [], 0
+    for n, i in enumerate(order):
+        if n > start and lengths[i] * (n - start + 1) > max_tokens:  # ascending: lengths[i] is the longest
+            batches.append(order[start:n])
+            start = n
+    batches.append(order[start:])
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def epoch_batches(cfg, lengths: list[int], epoch: int) -> list[list[int]]:
+    """The global training batches of ``epoch``: by tokens (``max_tokens``) or by items (``batch_size``)."""
+    if cfg.max_tokens:
+        return token_batches(lengths, cfg.max_tokens, cfg.seed + epoch, True)
+    return bucket_batches(lengths, cfg.batch_size, cfg.seed + epoch, True)
+
+
 def shard(batches: list[list[int]], rank: int, world: int, fill: bool = True) -> list[list[int]]:
     """This process's contiguous slice of every global batch.
 
@@ -99,12 +132,19 @@ def make_loader(task, items: list, batches: list[list[int]]) -> DataLoader:
     return DataLoader(items, batch_sampler=batches, collate_fn=task.collate)
 
 
+SCHEDULES = ("cosine", "inverse_sqrt")
+
+
 def lr_lambda(cfg, total_steps: int) -> Callable[[int], float]:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio``."""
+    """Linear warm-up, then cosine decay to ``min_lr_ratio`` or inverse-square-root decay."""
+    if cfg.schedule not in SCHEDULES:
+        raise UserError(f"train.schedule is '{cfg.schedule}'; use one of {', '.join(SCHEDULES)}")
 
     def f(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "inverse_sqrt":
+            return math.sqrt(max(1, cfg.warmup_steps) / (step + 1))
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -353,7 +393,9 @@ def train(
                         "prepare a larger validation split or use fewer processes")
     val_batches = bucket_batches([task.length(it) for it in val_items], cfg.batch_size, 0, False)
     val_loader = make_loader(task, val_items, [b for b in shard(val_batches, rank, world, fill=False) if b])
-    steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)  # global batches: any process count
+    # Global batches, the same at any process count (by tokens: every epoch cuts the same sizes).
+    steps_per_epoch = (len(epoch_batches(cfg, lengths, 0)) if cfg.max_tokens
+                       else math.ceil(len(train_items) / cfg.batch_size))
     total = steps_per_epoch * cfg.epochs
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     eval_every = cfg.eval_every or steps_per_epoch
@@ -384,6 +426,8 @@ def train(
         saved_rng = resumed.pop("rng")[rank] if resumed.get("rng") else None
         state.update(resumed)
         accelerator.print(f"resuming {run.name} from step {state['step']}")
+    elif accelerator.is_main_process:  # a fresh run: snapshots of another run are not averaged
+        shutil.rmtree(ckpt / "average", ignore_errors=True)
     main = accelerator.is_main_process
     every = checkpoint_seconds()
     started, seconds_before = time.time(), state["seconds"]
@@ -407,7 +451,7 @@ def train(
         bad_step = 0  # the step of this rank's first non-finite loss, until the ranks next agree
         while state["step"] < total:
             epoch, position = divmod(state["step"], steps_per_epoch)
-            batches = shard(bucket_batches(lengths, cfg.batch_size, cfg.seed + epoch, True), rank, world)
+            batches = shard(epoch_batches(cfg, lengths, epoch), rank, world)
             # The saved RNG state is the one right after the last finished step. An uninterrupted
             # run creates an epoch's iterator (which draws a seed) at the epoch's start, so a
             # resume restores the state before creating it at a boundary, after it mid-epoch.
@@ -456,6 +500,8 @@ def train(
                         state["curve"]["val"].append({"step": state["step"], **last_val})
                     if main and improved:
                         checkpoint.save(ckpt / "best", plain.model, run)
+                    if main and snapshot_due(cfg, state["step"], total, eval_every):
+                        checkpoint.save(ckpt / "average" / str(state["step"]), plain.model, run)
                     bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{last_val['val_loss']:.3f}")
                 if validating or due:
                     save_last()
@@ -465,9 +511,15 @@ def train(
                 if state["step"] >= total:
                     break
         bar.close()
+        if cfg.average_last and "averaged" not in state:
+            average_into_best(run, plain, val_loader, accelerator, ckpt, state)
+            save_last()
+        if main:  # recorded in last (or never due): the snapshots are spent
+            shutil.rmtree(ckpt / "average", ignore_errors=True)
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"],
                    "steps": state["step"], "train_seconds": round(seconds_before + time.time() - started, 1),
                    "processes": world, **({"fp32_rnns": fp32_rnns} if fp32_rnns else {}),
+                   **({"averaged": state["averaged"]} if "averaged" in state else {}),
                    # the precision the run used, where it is not the one asked for (cpu_has_native_bf16)
                    **({"precision": precision} if precision != cfg.precision else {})}
         if mlflow:
@@ -477,6 +529,53 @@ def train(
                 write_curves(out_dir / "learning_curves", state["curve"])
     accelerator.end_training()
     return summary
+
+
+def snapshot_due(cfg, step: int, total: int, eval_every: int) -> bool:
+    """Whether the validation at ``step`` is one of the last ``average_last`` (their weights are kept)."""
+    return cfg.average_last > 0 and step > total - cfg.average_last * eval_every
+
+
+def mean_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the floating-point tensors of ``files`` (safetensors); other tensors
+    are taken from the last file."""
+    from safetensors.torch import load_file
+
+    total: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            total[k] = total[k] + v.double() if k in total and v.is_floating_point() else (
+                v.double() if v.is_floating_point() else v)
+    last = load_file(str(files[-1]))
+    return {k: (v / len(files)).to(last[k].dtype) if last[k].is_floating_point() else v for k, v in total.items()}
+
+
+def average_into_best(run: RunConfig, plain: nn.Module, val_loader, accelerator, ckpt: Path, state: dict) -> None:
+    """Average the snapshots in ``ckpt/average`` (the last ``average_last`` validations), validate the
+    average, and make it the best checkpoint when its validation loss is lower. Records the outcome in
+    ``state["averaged"]``; the snapshots are removed once it is recorded (in ``last``, by the caller)."""
+    folder = ckpt / "average"
+    files = sorted(folder.glob("*/model.safetensors"), key=lambda f: int(f.parent.name))
+    count = torch.tensor(float(len(files)) if accelerator.is_main_process else 0.0, device=accelerator.device)
+    count = int(accelerator.reduce(count, "sum").item())  # only the main process writes snapshots
+    if count < 2:
+        return
+    weights = [mean_weights(files) if accelerator.is_main_process else None]
+    if accelerator.num_processes > 1:
+        torch.distributed.broadcast_object_list(weights, src=0)
+    final = {k: v.clone() for k, v in plain.model.state_dict().items()}
+    plain.model.load_state_dict(weights[0])
+    val = validate(plain, val_loader, accelerator)["val_loss"]
+    kept = val < state["best"]
+    state["averaged"] = {"checkpoints": count, "steps": [int(f.parent.name) for f in files], "val_loss": val,
+                         "kept": kept}
+    if kept:
+        state.update(best=val, best_step=state["step"])
+        if accelerator.is_main_process:
+            checkpoint.save(ckpt / "best", plain.model, run)
+    else:
+        plain.model.load_state_dict(final)
+    accelerator.wait_for_everyone()
 
 
 LAUNCHER_ENV = "ATTNZOO_LAUNCHER"

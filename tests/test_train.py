@@ -10,9 +10,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.config import resolve
+from pipeline.config import UserError, resolve
 from pipeline.prepare import prepare
-from pipeline.train import bucket_batches, train
+from pipeline.config import TrainConfig
+from pipeline.train import bucket_batches, lr_lambda, mean_weights, shard, token_batches, train
 from tests.conftest import TINY
 
 
@@ -35,6 +36,76 @@ def test_bucket_batches_cover_every_item_once_and_group_lengths():
     assert bucket_batches(lengths, 10, seed=0, shuffle=True) == batches
     assert bucket_batches(lengths, 10, seed=1, shuffle=True) != batches
     assert max(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) <= 1
+
+
+def test_token_batches_hold_at_most_max_tokens_and_the_same_sizes_every_epoch():
+    lengths = [3 + (i * 37) % 29 for i in range(500)]  # 3..31
+    epochs = [token_batches(lengths, 120, seed=s, shuffle=True) for s in (0, 1)]
+    for batches in epochs:
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        assert all(len(b) * max(lengths[i] for i in b) <= 120 for b in batches)
+        # Cut from the sorted lengths: a batch spans at most two adjacent lengths.
+        assert max(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) <= 1
+    # Same cuts every epoch (the schedule's step count), other contents and order.
+    assert sorted(map(len, epochs[0])) == sorted(map(len, epochs[1])) and epochs[0] != epochs[1]
+    assert token_batches(lengths, 120, seed=0, shuffle=True) == epochs[0]
+    # 120 tokens hold 3 items of length 31 (the last batch of them takes the rest); the first batch
+    # holds the 18 items of length 3 and 12 of length 4 (30 x 4 = 120).
+    assert max(len(b) for b in epochs[0] if lengths[b[-1]] == 31) == 3 and max(map(len, epochs[0])) == 30
+    assert token_batches([50, 2], 10, 0, False) == [[1], [0]]  # an item above max_tokens is a batch alone
+    # Global batches: two processes split each one, together seeing exactly its items.
+    halves = [shard(epochs[0], r, 2) for r in (0, 1)]
+    assert all(sorted(a + b) == sorted(g) for a, b, g in zip(*halves, epochs[0]) if len(g) >= 2)
+
+
+def test_schedules_warm_up_then_decay():
+    cosine = lr_lambda(TrainConfig(warmup_steps=10, min_lr_ratio=0.1), total_steps=110)
+    assert cosine(0) == pytest.approx(0.1) and cosine(9) == pytest.approx(1.0)
+    assert cosine(60) == pytest.approx(0.55) and cosine(110) == pytest.approx(0.1)
+    inv = lr_lambda(TrainConfig(warmup_steps=10, schedule="inverse_sqrt"), total_steps=110)
+    assert inv(9) == pytest.approx(1.0) and inv(39) == pytest.approx(0.5) and inv(999) == pytest.approx(0.1)
+    assert inv(10_000) == lr_lambda(TrainConfig(warmup_steps=10, schedule="inverse_sqrt"), 50)(10_000)
+    with pytest.raises(UserError, match="inverse_sqrt"):
+        lr_lambda(TrainConfig(schedule="noam"), 10)
+
+
+def test_mean_weights_averages_floats(tmp_path):
+    from safetensors.torch import save_file
+
+    for n, x in enumerate((1.0, 2.0, 6.0)):
+        (tmp_path / str(n)).mkdir()
+        save_file({"w": torch.full((2,), x), "count": torch.tensor([n])}, str(tmp_path / str(n) / "m.safetensors"))
+    got = mean_weights(sorted(tmp_path.glob("*/m.safetensors")))
+    assert got["w"].tolist() == [3.0, 3.0] and got["count"].tolist() == [2]
+
+
+def test_average_of_the_last_validations_becomes_best_when_lower_and_survives_a_kill(root):
+    run = resolve("ntm", root=root, overrides={"max_steps": 12, "eval_every": 2, "average_last": 3})
+    seen = []
+    summary = train(run, root / "full", report=seen.append, progress=False)
+    avg = summary["averaged"]
+    assert avg["checkpoints"] == 3 and avg["steps"] == [8, 10, 12]
+    assert not (root / "full" / "checkpoint" / "average").exists()  # spent: recorded in last
+    best = load_file(str(root / "full" / "checkpoint" / "best" / "model.safetensors"))
+    if avg["kept"]:
+        assert summary["best_val_loss"] == avg["val_loss"] < min(m["val_loss"] for m in seen)
+    else:
+        assert avg["val_loss"] >= min(m["val_loss"] for m in seen) == summary["best_val_loss"]
+    # Killed after the first snapshot: the resumed run averages the same three and ends the same.
+    def kill(metrics):
+        if metrics["step"] == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(run, root / "resumed", report=kill, progress=False)
+    again = train(run, root / "resumed", progress=False)
+    assert again["averaged"]["steps"] == [8, 10, 12]
+    assert again["averaged"]["val_loss"] == pytest.approx(avg["val_loss"], abs=1e-5)
+    other = load_file(str(root / "resumed" / "checkpoint" / "best" / "model.safetensors"))
+    for key in best:
+        torch.testing.assert_close(best[key], other[key], rtol=0, atol=1e-5)
+    # A finished run re-run changes nothing (the outcome is in last, the snapshots are gone).
+    assert train(run, root / "resumed", progress=False)["averaged"] == again["averaged"]
 
 
 def test_training_lowers_validation_loss_and_keeps_best(root):
