@@ -154,63 +154,129 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
     Returns: tokens [T] (without EOS), attention [T+1,S'] (incl. the EOS step), score float, and
     nbest: up to ``beam`` hypotheses as (tokens, score), best first (the first is tokens, score).
     """
+    return beam_search_batch(encoder, step, src, src_len, bos, eos, max_len, beam, length_penalty,
+                             no_repeat_ngram)[0]
+
+
+def beam_search_batch(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
+                      eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0, no_repeat_ngram: int = 0
+                      ) -> list[dict[str, np.ndarray]]:
+    """:func:`beam_search` of N inputs at once (src [N,S] right-padded with src_len [N], or a dict of
+    the encoder's inputs with batch N): one encoder call, then one step call per position for the
+    K hypotheses of every input still searching ([N·K] rows), where a search per input makes N.
+
+    Each input's search is :func:`beam_search`'s (the same ranking, stopping rule and n-best); an
+    input that has finished leaves the batch. Inputs differ from a search of each alone only by the
+    padding the encoder masks (float rounding). Returns beam_search's answer per input, attention
+    cut to the input's own length.
+    """
     enc = encoder(_encoder_feeds(src, src_len))
-    state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [K,...]
-    scores = np.full(beam, -np.inf)
-    scores[0] = 0.0  # all beams start identical: keep one alive so they don't duplicate
-    hyps = [[] for _ in range(beam)]
-    aligns: list[list[np.ndarray]] = [[] for _ in range(beam)]
-    y = np.full(beam, bos, dtype=np.int64)
-    finished: list[tuple[float, list[int], list[np.ndarray]]] = []
+    count = next(iter(enc.values())).shape[0]
+    searches = [_Search(beam, bos, eos, length_penalty, no_repeat_ngram) for _ in range(count)]
+    state = {k: np.repeat(v, beam, axis=0) for k, v in enc.items()}  # [N*K,...]: input i at rows iK..iK+K-1
+    alive = list(range(count))
     for _ in range(max_len):
-        out = step({**state, "y_prev": y})
-        logp = out["log_probs"].astype(np.float64)  # [K,V]
-        if no_repeat_ngram:
-            _block_repeats(logp, hyps, no_repeat_ngram)
+        out = step({**state, "y_prev": np.concatenate([searches[i].y for i in alive])})
+        logp = out["log_probs"].astype(np.float64)  # [A*K,V]
+        kept, rows = [], []
+        for j, i in enumerate(alive):
+            block = slice(j * beam, (j + 1) * beam)
+            chosen = searches[i].advance(logp[block], out["attention"][block])
+            if chosen is not None:
+                kept.append(j)
+                rows.append(chosen + j * beam)
+        if not kept:
+            break
+        carried = _carried(out)
+        if len(kept) < len(alive):  # inputs that finished leave every static input too
+            blocks = np.concatenate([np.arange(j * beam, (j + 1) * beam) for j in kept])
+            state = {k: v[blocks] for k, v in state.items() if k not in carried}
+        gather = np.concatenate(rows)  # each kept hypothesis's parent row
+        state.update({name: value[gather] for name, value in carried.items()})
+        alive = [alive[j] for j in kept]
+    results = [s.result() for s in searches]
+    if src_len is not None and not isinstance(src, dict):
+        for r, n in zip(results, np.asarray(src_len).tolist()):
+            r["attention"] = r["attention"][:, :n]  # the padding of shorter inputs: weight 0
+    return results
+
+
+class _Search:
+    """One input's beam: K hypotheses with their scores and alignments, and the ended ones."""
+
+    def __init__(self, beam: int, bos: int, eos: int, length_penalty: float, no_repeat_ngram: int):
+        self.beam, self.eos, self.length_penalty, self.no_repeat_ngram = beam, eos, length_penalty, no_repeat_ngram
+        self.scores = np.full(beam, -np.inf)
+        self.scores[0] = 0.0  # all beams start identical: keep one alive so they don't duplicate
+        self.hyps: list[list[int]] = [[] for _ in range(beam)]
+        self.aligns: list[list[np.ndarray]] = [[] for _ in range(beam)]
+        self.y = np.full(beam, bos, dtype=np.int64)  # the next step's input tokens
+        self.finished: list[tuple[float, list[int], list[np.ndarray]]] = []
+
+    def advance(self, logp: np.ndarray, attention: np.ndarray) -> np.ndarray | None:
+        """One step from log-probabilities [K,V] and attention [K,S']: the K rows the next step continues
+        (their parents), or None once the search is over."""
+        beam = self.beam
+        if self.no_repeat_ngram:
+            _block_repeats(logp, self.hyps, self.no_repeat_ngram)
         vocab = logp.shape[1]
-        total = (scores[:, None] + logp).reshape(-1)  # [K*V]
-        order = np.argsort(-total, kind="stable")
+        total = (self.scores[:, None] + logp).reshape(-1)  # [K*V]
         next_beams, next_scores, next_tokens = [], [], []
-        for flat in order:
+        # At most K candidates end (one EOS per hypothesis), so the best 2K hold the next K live ones.
+        for flat in top_order(total, 2 * beam):
             if len(next_beams) == beam or not np.isfinite(total[flat]):
                 break
             k, tok = divmod(int(flat), vocab)
-            if tok == eos:
-                norm = total[flat] / (len(hyps[k]) + 1) ** length_penalty
-                finished.append((norm, hyps[k], aligns[k] + [out["attention"][k]]))
+            if tok == self.eos:
+                norm = total[flat] / (len(self.hyps[k]) + 1) ** self.length_penalty
+                self.finished.append((norm, self.hyps[k], self.aligns[k] + [attention[k]]))
             else:
                 next_beams.append(k)
                 next_scores.append(total[flat])
                 next_tokens.append(tok)
         if not next_beams:
-            break
-        if len(finished) >= beam:
+            return None
+        if len(self.finished) >= beam:
             # Without length normalisation scores only fall as hypotheses grow, so stop only once
             # no live hypothesis can beat the best finished one (pointer networks, whose
             # low-ranked beams end early). With it there is no such bound: stop at `beam` finished.
-            if length_penalty != 0 or max(f[0] for f in finished) >= max(next_scores):
-                break
-        idx = np.array(next_beams + [next_beams[0]] * (beam - len(next_beams)))
-        hyps = [hyps[k] + [tok] for k, tok in zip(next_beams, next_tokens)]
-        aligns = [aligns[k] + [out["attention"][k]] for k in next_beams]
-        pad = beam - len(hyps)
-        hyps += [list(hyps[0])] * pad
-        aligns += [list(aligns[0])] * pad
-        scores = np.array(next_scores + [-np.inf] * pad)
-        y = np.array(next_tokens + [next_tokens[0]] * pad, dtype=np.int64)
-        state.update({name: value[idx] for name, value in _carried(out).items()})
-    live = sorted((k for k in range(len(hyps)) if np.isfinite(scores[k])), key=lambda k: -scores[k])
-    if not finished:  # no hypothesis ended within max_len: take the best unfinished one
-        k = int(np.argmax(scores))
-        finished.append((scores[k], hyps[k], aligns[k]))
-        live = [j for j in live if j != k]
-    ranked = sorted(finished, key=lambda f: -f[0])[:beam]  # stable: ties keep the order they finished in
-    # n-best: with fewer than `beam` ended, the live hypotheses follow (by log p, as the fallback above),
-    # never ahead of an ended one, so the best hypothesis is the one beam search returns.
-    ranked += [(scores[k], hyps[k], aligns[k]) for k in live][: beam - len(ranked)]
-    norm, tokens, align = ranked[0]
-    return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm),
-            "nbest": [(np.array(t, dtype=np.int64), float(n)) for n, t, _ in ranked]}
+            if self.length_penalty != 0 or max(f[0] for f in self.finished) >= max(next_scores):
+                return None
+        pad = beam - len(next_beams)
+        self.hyps = [self.hyps[k] + [tok] for k, tok in zip(next_beams, next_tokens)]
+        self.aligns = [self.aligns[k] + [attention[k]] for k in next_beams]
+        self.hyps += [list(self.hyps[0])] * pad
+        self.aligns += [list(self.aligns[0])] * pad
+        self.scores = np.array(next_scores + [-np.inf] * pad)
+        self.y = np.array(next_tokens + [next_tokens[0]] * pad, dtype=np.int64)
+        return np.array(next_beams + [next_beams[0]] * pad)
+
+    def result(self) -> dict:
+        scores, hyps, aligns, finished = self.scores, self.hyps, self.aligns, list(self.finished)
+        live = sorted((k for k in range(len(hyps)) if np.isfinite(scores[k])), key=lambda k: -scores[k])
+        if not finished:  # no hypothesis ended within max_len: take the best unfinished one
+            k = int(np.argmax(scores))
+            finished.append((scores[k], hyps[k], aligns[k]))
+            live = [j for j in live if j != k]
+        ranked = sorted(finished, key=lambda f: -f[0])[: self.beam]  # stable: ties keep the order they finished in
+        # n-best: with fewer than `beam` ended, the live hypotheses follow (by log p, as the fallback above),
+        # never ahead of an ended one, so the best hypothesis is the one beam search returns.
+        ranked += [(scores[k], hyps[k], aligns[k]) for k in live][: self.beam - len(ranked)]
+        norm, tokens, align = ranked[0]
+        return {"tokens": np.array(tokens, dtype=np.int64), "attention": np.stack(align), "score": float(norm),
+                "nbest": [(np.array(t, dtype=np.int64), float(n)) for n, t, _ in ranked]}
+
+
+def top_order(values: np.ndarray, count: int) -> np.ndarray:
+    """The indices of at least the ``count`` largest ``values``, largest first, ties by index: the start
+    of ``np.argsort(-values, kind="stable")``, found with a partition instead of sorting all K·V
+    candidates of a beam step (40,000 for a beam of 5 over 8,000 pieces)."""
+    if count >= values.size:
+        return np.argsort(-values, kind="stable")
+    cut = values.size - count
+    threshold = np.partition(values, cut)[cut]  # the count-th largest
+    idx = np.flatnonzero(values >= threshold)  # every tie of the threshold too, so the order is exact
+    return idx[np.lexsort((idx, -values[idx]))]
 
 
 def transcribe(encoder, step, serving: dict, batch: dict[str, np.ndarray], singles: list[dict[str, np.ndarray]],

@@ -9,7 +9,7 @@ import torch
 
 import models
 from pipeline.graphs import TorchGraph
-from serving.decode import beam_search, greedy, unroll
+from serving.decode import beam_search, beam_search_batch, greedy, top_order, unroll
 from tests.conftest import TINY, tiny_batch
 
 BOS, EOS = 1, 2
@@ -278,3 +278,50 @@ def test_evaluation_and_the_server_read_one_set_of_search_options():
         block = serving_meta(cfg, ["decoder_step", "encoder"], run)
         assert search_options(evaluate) == expected
         assert search_options(block) == expected
+
+
+def test_top_order_is_the_start_of_a_stable_descending_sort():
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        size = int(rng.integers(1, 400))
+        # few distinct values (many ties), -inf entries (finished or blocked hypotheses) and plain floats
+        values = rng.integers(-5, 5, size).astype(np.float64) if trial % 2 else rng.normal(size=size)
+        values[rng.random(size) < 0.3] = -np.inf
+        count = int(rng.integers(1, size + 3))
+        full = np.argsort(-values, kind="stable")
+        got = top_order(values, count)
+        assert len(got) >= min(count, size)
+        assert got[: min(count, size)].tolist() == full[: min(count, size)].tolist()
+
+
+def test_a_batched_beam_search_gives_each_input_its_own_search():
+    """N padded inputs in one search per step: each one's tokens, n-best and attention are those of
+    its search alone (float rounding apart), also when the inputs end at different steps."""
+    torch.manual_seed(3)
+    model = models.build("transformer", TINY["transformer"]).eval()
+    with torch.no_grad():  # an untrained model emits one token forever: make its answers differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    specs = model.export_graphs()
+    enc, dec = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    rng = np.random.default_rng(0)
+    lengths = [3, 7, 5, 2, 6]
+    src = np.zeros((len(lengths), max(lengths)), np.int64)
+    for i, n in enumerate(lengths):
+        src[i, :n] = rng.integers(4, TINY["transformer"]["src_vocab"], n)
+    for length_penalty in (1.0, 0.0):
+        both = beam_search_batch(enc, dec, src, np.array(lengths), BOS, EOS, max_len=9, beam=3,
+                                 length_penalty=length_penalty)
+        ends = set()
+        for i, n in enumerate(lengths):
+            alone = beam_search(enc, dec, src[i : i + 1, :n], np.array([n]), BOS, EOS, max_len=9, beam=3,
+                                length_penalty=length_penalty)
+            assert both[i]["tokens"].tolist() == alone["tokens"].tolist()
+            assert [t.tolist() for t, _ in both[i]["nbest"]] == [t.tolist() for t, _ in alone["nbest"]]
+            np.testing.assert_allclose([sc for _, sc in both[i]["nbest"]], [sc for _, sc in alone["nbest"]],
+                                       rtol=1e-5, atol=1e-5)
+            # [T+1, n] (T without an EOS within max_len): the input's own columns, not the batch's
+            assert both[i]["attention"].shape == alone["attention"].shape and alone["attention"].shape[1] == n
+            np.testing.assert_allclose(both[i]["attention"], alone["attention"], atol=1e-5)
+            ends.add(len(alone["tokens"]))
+        assert len(ends) > 1  # inputs left the batch at different steps

@@ -10,9 +10,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.config import UserError, resolve
+from pipeline.config import TrainConfig, UserError, resolve
 from pipeline.prepare import prepare
-from pipeline.config import TrainConfig
 from pipeline.train import bucket_batches, lr_lambda, mean_weights, shard, token_batches, train
 from tests.conftest import TINY
 

@@ -158,11 +158,8 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     """
     import sacrebleu
     import sentencepiece as spm
-    from tqdm.auto import tqdm
 
     from pipeline import plots as P
-    from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search, search_options
 
     task = TranslationTask()
     items = task.load(run.data_dir, "test")
@@ -171,14 +168,8 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     sp = {s: spm.SentencePieceProcessor(model_file=str(run.data_dir / f"spm.{s}.model")) for s in ("de", "en")}
     cfg = model.cfg
     hyp_greedy = greedy_translate(model, task, items, sp["en"])
-    specs = model.export_graphs()
-    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
     beam = run.evaluate.get("beam", 5)
-    beam_out = []
-    for it in tqdm(items, desc=f"beam {beam} {run.name}", mininterval=5):
-        src = np.array([it["src"]], dtype=np.int64)
-        beam_out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id,
-                                    cfg.max_len, beam=beam, **search_options(run.evaluate)))
+    beam_out = beam_translate(model, items, run.evaluate, desc=f"beam {beam} {run.name}")
     refs = [it["tgt_text"] for it in items]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
@@ -244,6 +235,25 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
                         "floor": [g["bleu_copy_source"] for g in metrics["by_source"]],
                         "counts": [g["sentences"] for g in metrics["by_source"]]}}
     return metrics, row
+
+
+def beam_translate(model, items: list[dict], options: dict, desc: str = "beam") -> list[dict]:
+    """Beam search (``options``: an entry's ``evaluate`` block: beam, length penalty...) of each
+    item's source alone, on the model's own export graphs run by PyTorch: the loop the served ONNX
+    graphs run. Returns ``serving.decode.beam_search``'s answer per item (tokens, attention...)."""
+    from tqdm.auto import tqdm
+
+    from pipeline.graphs import TorchGraph
+    from serving.decode import beam_search, search_options
+
+    cfg, specs = model.cfg, model.export_graphs()
+    enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
+    out = []
+    for it in tqdm(items, desc=desc, mininterval=5):
+        src = np.array([it["src"]], dtype=np.int64)
+        out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id, cfg.max_len,
+                               beam=options.get("beam", 5), **search_options(options)))
+    return out
 
 
 def greedy_translate(model, task, items: list[dict], sp_en) -> list[str]:

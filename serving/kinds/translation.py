@@ -13,6 +13,18 @@ from serving.base import ServedModel, decode_params
 from serving.kinds import register
 from serving.protocol import RequestError, TensorSpec
 
+# Hypotheses of one beam step call: 32 texts at beam 5. Their self-attention caches and encoder keys
+# grow with it (rows x layers x width x length), so a request of many texts at a wide beam runs in turns.
+BEAM_ROWS = 160
+
+
+def padded(srcs: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> src [N,S] right-padded, src_len [N]."""
+    src = np.full((len(srcs), max(len(x) for x in srcs)), pad, dtype=np.int64)
+    for i, ids in enumerate(srcs):
+        src[i, : len(ids)] = ids
+    return src, np.array([len(x) for x in srcs], dtype=np.int64)
+
 
 @register("translation")
 class TranslationModel(ServedModel):
@@ -50,18 +62,18 @@ class TranslationModel(ServedModel):
         srcs = [self.encode(t) for t in texts]
         if mode == "beam":
             out = []
-            for src in srcs:
-                r = decode.beam_search(self.encoder, self.step, np.array([src], dtype=np.int64),
-                                       np.array([len(src)], dtype=np.int64), s["bos_id"], s["eos_id"],
-                                       s["max_len"], beam=beam, **decode.search_options(s))
-                out.append({"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": src,
-                            "nbest": [(t.tolist(), score) for t, score in r["nbest"]]})
+            # The texts' searches share each step call (beam_search_batch), at most BEAM_ROWS hypotheses
+            # at once: memory grows with texts x beam x their length, as the request's limits allow.
+            size = max(1, BEAM_ROWS // beam)
+            for at in range(0, len(srcs), size):
+                chunk = srcs[at : at + size]
+                src, lens = padded(chunk, s["pad_id"])
+                found = decode.beam_search_batch(self.encoder, self.step, src, lens, s["bos_id"], s["eos_id"],
+                                                 s["max_len"], beam=beam, **decode.search_options(s))
+                out += [{"tokens": r["tokens"].tolist(), "attention": r["attention"], "src": ids,
+                         "nbest": [(t.tolist(), score) for t, score in r["nbest"]]} for ids, r in zip(chunk, found)]
             return out
-        width = max(len(x) for x in srcs)
-        src = np.full((len(srcs), width), s["pad_id"], dtype=np.int64)  # [N,S] right-padded
-        for i, ids in enumerate(srcs):
-            src[i, : len(ids)] = ids
-        lens = np.array([len(x) for x in srcs], dtype=np.int64)
+        src, lens = padded(srcs, s["pad_id"])
         r = decode.greedy(self.encoder, self.step, src, lens, s["bos_id"], s["eos_id"], s["max_len"], s["pad_id"])
         out = []
         for i in range(len(srcs)):

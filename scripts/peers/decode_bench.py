@@ -1,0 +1,183 @@
+"""Whole-test-set beam decoding: CTranslate2 against attnzoo's ONNX Runtime loop and its server.
+
+Every engine translates the same German test sentences (text in, text out: SentencePiece
+encoding and decoding are timed too, as the server does them) with beam 5, at batch 1 and batch 32,
+fp32 and int8, on 1 and 2 threads:
+
+* ``ctranslate2``: ``ctranslate2.Translator`` on attnzoo's weights converted by
+  ``scripts/peers/ctranslate2_convert.py`` (int8: CTranslate2's own int8 quantisation);
+* ``onnx``: ``serving.client.LocalClient`` on the published version (the server's decoding loop in
+  this process; int8: the published ``transformer-int8`` variant);
+* ``server``: ``attnzoo serve`` on loopback, one request of ``batch`` texts at a time.
+
+Reports sentences/s per cell, each figure the median of ``--repeats`` runs taken in turn, and the
+share of sentences whose output equals the ONNX loop's at the same precision.
+
+    python scripts/peers/decode_bench.py --ct2 CT2_DIR --ct2-int8 CT2_INT8_DIR [--sentences N] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+DATA = ROOT / "data" / "prepared" / "translation_de_en"
+MODEL = "transformer"
+
+
+def test_texts(limit: int | None) -> list[str]:
+    from pipeline.tasks.translation_de_en import TranslationTask
+
+    texts = [it["src_text"] for it in TranslationTask().load(DATA, "test")]
+    return texts[:limit] if limit else texts
+
+
+def batches(texts: list[str], size: int) -> list[list[str]]:
+    return [texts[i : i + size] for i in range(0, len(texts), size)]
+
+
+class CT2:
+    def __init__(self, folder: Path, threads: int, compute_type: str, beam: int, max_len: int):
+        import ctranslate2
+        import sentencepiece as spm
+
+        self.tr = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads, inter_threads=1,
+                                         compute_type=compute_type)
+        self.src = spm.SentencePieceProcessor(model_file=str(DATA / "spm.de.model"))
+        self.tgt = spm.SentencePieceProcessor(model_file=str(DATA / "spm.en.model"))
+        self.beam, self.max_len = beam, max_len
+
+    def __call__(self, texts: list[str]) -> list[str]:
+        pieces = [p + ["</s>"] for p in self.src.encode(texts, out_type=str)]  # attnzoo's sources end with EOS
+        out = self.tr.translate_batch(pieces, beam_size=self.beam, max_decoding_length=self.max_len,
+                                      length_penalty=1.0)
+        return [self.tgt.decode_pieces(r.hypotheses[0]) for r in out]
+
+
+class Local:
+    def __init__(self, repository: Path, name: str, threads: int):
+        from serving.client import LocalClient
+
+        self.client, self.name = LocalClient(repository, threads=threads), name
+
+    def __call__(self, texts: list[str]) -> list[str]:
+        return [r["translation"] for r in self.client.translate(self.name, texts)]
+
+
+class Served:
+    def __init__(self, url: str, name: str):
+        from serving.client import Client
+
+        self.client, self.name = Client(url), name
+
+    def __call__(self, texts: list[str]) -> list[str]:
+        return [r["translation"] for r in self.client.translate(self.name, texts)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(repository: Path, threads: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(repository), "--host",
+                             "127.0.0.1", "--port", str(port), "--loop-ort-threads", str(threads),
+                             "--ort-threads", str(threads), "--no-playground"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    import urllib.request
+
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the server did not become ready in 120 s")
+
+
+def run(engine, texts: list[str], size: int) -> tuple[float, list[str]]:
+    start, out = time.perf_counter(), []
+    for chunk in batches(texts, size):
+        out += engine(chunk)
+    return time.perf_counter() - start, out
+
+
+def bench(args) -> list[dict]:
+    rows = []
+    texts = test_texts(args.sentences)
+    for threads in args.threads:
+        for precision in args.precisions:
+            ct2_dir = args.ct2 if precision == "fp32" else args.ct2_int8
+            name = MODEL if precision == "fp32" else f"{MODEL}-int8"
+            engines = {"ctranslate2": CT2(ct2_dir, threads, "float32" if precision == "fp32" else "int8",
+                                          args.beam, args.max_len),
+                       "onnx": Local(args.repository, name, threads)}
+            server = None
+            if "server" in args.engines:
+                server, url = start_server(args.repository, threads)
+                engines["server"] = Served(url, name)
+            engines = {k: v for k, v in engines.items() if k in args.engines}
+            try:
+                for size in args.batch:
+                    times: dict[str, list[float]] = {k: [] for k in engines}
+                    outputs: dict[str, list[str]] = {}
+                    for _ in range(args.repeats):  # engines in turn: drift hits them alike
+                        for key, engine in engines.items():
+                            seconds, outputs[key] = run(engine, texts, size)
+                            times[key].append(seconds)
+                    ref = outputs.get("onnx")
+                    for key in engines:
+                        sec = statistics.median(times[key])
+                        row = {"engine": key, "precision": precision, "threads": threads, "batch": size,
+                               "sentences": len(texts), "seconds": round(sec, 2),
+                               "sentences_per_s": round(len(texts) / sec, 1),
+                               "same_as_onnx": None if ref is None else
+                               round(sum(a == b for a, b in zip(outputs[key], ref)) / len(texts), 4)}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                if server is not None:
+                    server.terminate()
+                    server.wait(timeout=30)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ct2", type=Path, required=True, help="CTranslate2 model of the fp32 weights")
+    ap.add_argument("--ct2-int8", type=Path, help="CTranslate2 model quantised to int8 (default: --ct2)")
+    ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    ap.add_argument("--engines", nargs="+", default=["ctranslate2", "onnx", "server"])
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--sentences", type=int, default=None, help="the first N test sentences (default: all)")
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--max-len", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+    args.ct2_int8 = args.ct2_int8 or args.ct2
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
+    rows = bench(args)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""attnzoo's Transformer beside OpenNMT-py: the peer's configuration, checkpoint picking and scoring.
+
+Subcommands (attnzoo's own environment):
+
+    onmt-config WORK          print OpenNMT-py's config.yaml: models.transformer's recipe in its words
+    onmt-pick WORK MINUTES    the last OpenNMT-py checkpoint saved within MINUTES of training, and its
+                              training throughput (target tokens/s, the log's own figure)
+    score HYP                 test BLEU and chrF of a file of pieces or text, by the evaluate stage's code
+    attnzoo-bleu CHECKPOINT   test BLEU / chrF of an attnzoo checkpoint folder (beam, as evaluate@transformer)
+    attnzoo-speed RUN_DIR     attnzoo's training throughput: target tokens of the steps taken / train_seconds
+    ct2-bleu CT2_DIR          test BLEU / chrF of a CTranslate2 model (either toolkit's, converted), beam 5;
+                              --source-eos for attnzoo's (its sources end with </s>)
+
+scripts/peers/opennmt.sh runs the peer; docs/benchmarks.md ("Peers") has the commands and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+DATA = ROOT / "data" / "prepared" / "translation_de_en"
+MODEL = "transformer"
+
+
+def onmt_config(work: Path) -> str:
+    """models.transformer's architecture, batching, optimiser and regularisation as OpenNMT-py 3.5 options.
+
+    The schedule is OpenNMT-py's own (noam: the same warm-up, then inverse square root; noam's
+    ``learning_rate`` is scaled so that its peak equals attnzoo's ``lr``). Checkpoint averaging is
+    left out: OpenNMT-py averages offline (tools/average_models.py), outside a wall-clock budget.
+    """
+    import yaml
+
+    from pipeline.config import resolve
+
+    run = resolve(MODEL)
+    m, t = run.model, run.train
+    dim = m.get("dim", 256)
+    d = work / "data"
+    config = {
+        "src_vocab": str(d / "vocab.de"), "tgt_vocab": str(d / "vocab.en"), "share_vocab": False,
+        "src_vocab_size": 100000, "tgt_vocab_size": 100000,  # every piece of the SentencePiece models
+        "data": {"corpus_1": {"path_src": str(d / "train.de"), "path_tgt": str(d / "train.en")},
+                 "valid": {"path_src": str(d / "valid.de"), "path_tgt": str(d / "valid.en")}},
+        "save_model": str(work / "model"), "save_checkpoint_steps": 100, "keep_checkpoint": -1,
+        "seed": t.seed, "train_steps": 10**6, "valid_steps": t.eval_every, "report_every": 50,
+        "encoder_type": "transformer", "decoder_type": "transformer", "position_encoding": True,
+        "enc_layers": m.get("enc_layers", 3), "dec_layers": m.get("dec_layers", 3), "heads": m.get("heads", 4),
+        "hidden_size": dim, "word_vec_size": dim, "transformer_ff": m.get("ff_dim", 1024),
+        "dropout": [m.get("dropout", 0.1)], "attention_dropout": [m.get("dropout", 0.1)],
+        "label_smoothing": m.get("label_smoothing", 0.1), "share_decoder_embeddings": m.get("tie_output", True),
+        "param_init": 0.0, "param_init_glorot": True,
+        "batch_type": "tokens", "batch_size": t.max_tokens or 2048, "valid_batch_size": t.max_tokens or 2048,
+        "batch_size_multiple": 1, "accum_count": [1], "normalization": "tokens",
+        "optim": "adam", "adam_beta1": 0.9, "adam_beta2": 0.999, "max_grad_norm": t.grad_clip,
+        "decay_method": "noam", "warmup_steps": t.warmup_steps,
+        # noam: lr(s) = learning_rate * dim^-0.5 * min(s^-0.5, s * warmup^-1.5), at its peak (s = warmup)
+        # learning_rate * (dim * warmup)^-0.5: equal to attnzoo's lr
+        "learning_rate": round(t.lr * math.sqrt(dim * t.warmup_steps), 6),
+        "num_workers": 0,  # no loader processes: the two threads train, as attnzoo's do
+        "world_size": 1, "gpu_ranks": [],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+STEP_RE = re.compile(r"Step\s+(\d+)/.*?(\d+)/\s*(\d+) tok/s;\s+(\d+) sec")
+
+
+def onmt_pick(work: Path, minutes: float) -> dict:
+    """The last checkpoint saved with at most ``minutes`` of training (the log's elapsed seconds at its
+    step), and the median target tokens/s of the log's reports up to then."""
+    log = (work / "train.log").read_text()
+    reports = [(int(s), int(src), int(tgt), int(sec)) for s, src, tgt, sec in STEP_RE.findall(log)]
+    if not reports:
+        sys.exit(f"no training steps in {work / 'train.log'}: run scripts/peers/opennmt.sh first")
+    saved = sorted(int(p.stem.rsplit("_", 1)[1]) for p in work.glob("model_step_*.pt"))
+    elapsed = {s: sec for s, _, _, sec in reports}
+    # A checkpoint is saved at a multiple of report_every, so the report of its step gives its time.
+    within = [s for s in saved if s in elapsed and elapsed[s] <= minutes * 60]
+    if not within:
+        sys.exit(f"no checkpoint saved within {minutes} min in {work}")
+    step = within[-1]
+    rates = sorted(tgt for s, _, tgt, _ in reports if s <= step)
+    return {"checkpoint": str(work / f"model_step_{step}.pt"), "step": step, "seconds": elapsed[step],
+            "target_tokens_per_s": rates[len(rates) // 2]}
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    """BLEU and chrF as evaluate@ computes them (sacrebleu's defaults, corpus level)."""
+    import sacrebleu
+
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    return {"bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
+            "chrf": round(chrf.corpus_score(hyps, [refs]).score, 2), "sentences": len(hyps)}
+
+
+def test_refs() -> list[str]:
+    from pipeline.tasks.translation_de_en import TranslationTask
+
+    return [it["tgt_text"] for it in TranslationTask().load(DATA, "test")]
+
+
+def detok(lines: list[str]) -> list[str]:
+    """Pieces (``▁Die ▁Date i``) back to text with attnzoo's English SentencePiece model; text unchanged."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(DATA / "spm.en.model"))
+    return [sp.decode_pieces(x.split()) if "▁" in x else x for x in lines]
+
+
+def attnzoo_bleu(checkpoint_dir: Path, beam: int) -> dict:
+    import sentencepiece as spm
+
+    from pipeline.checkpoint import load_model
+    from pipeline.config import resolve
+    from pipeline.tasks.translation_de_en import TranslationTask, beam_translate
+
+    model, _ = load_model(checkpoint_dir)
+    items = TranslationTask().load(DATA, "test")
+    options = {**resolve(MODEL).evaluate, "beam": beam}
+    out = beam_translate(model, items, options, desc=f"beam {beam}")
+    sp = spm.SentencePieceProcessor(model_file=str(DATA / "spm.en.model"))
+    return score([sp.decode(o["tokens"].tolist()) for o in out], [it["tgt_text"] for it in items])
+
+
+def attnzoo_speed(run_dir: Path) -> dict:
+    """Target tokens (with EOS, as OpenNMT-py counts them) of the batches the run's steps took, per
+    second of its train_seconds."""
+    from pipeline.config import resolve
+    from pipeline.tasks.translation_de_en import TranslationTask
+    from pipeline.train import epoch_batches
+
+    run = resolve(MODEL)
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    task = TranslationTask()
+    items = task.load(DATA, "train")
+    lengths = [task.length(it) for it in items]
+    steps, tokens, epoch = summary["steps"], 0, 0
+    while steps > 0:
+        batches = epoch_batches(run.train, lengths, epoch)[:steps]
+        tokens += sum(len(items[i]["tgt"]) + 1 for b in batches for i in b)
+        steps, epoch = steps - len(batches), epoch + 1
+    return {"steps": summary["steps"], "seconds": summary["train_seconds"], "target_tokens": tokens,
+            "target_tokens_per_s": round(tokens / summary["train_seconds"])}
+
+
+def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
+    """Both toolkits' models decoded by one engine: the same beam search, length normalisation
+    (log p / length) and 100-piece limit as attnzoo's loop."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    from pipeline.tasks.translation_de_en import TranslationTask
+
+    items = TranslationTask().load(DATA, "test")
+    sp = {s: spm.SentencePieceProcessor(model_file=str(DATA / f"spm.{s}.model")) for s in ("de", "en")}
+    tr = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
+    src = [sp["de"].encode(it["src_text"], out_type=str) + (["</s>"] if source_eos else []) for it in items]
+    out = tr.translate_batch(src, beam_size=beam, max_decoding_length=100, length_penalty=1.0, max_batch_size=32)
+    return score([sp["en"].decode_pieces(r.hypotheses[0]) for r in out], [it["tgt_text"] for it in items])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("onmt-config").add_argument("work", type=Path)
+    p = sub.add_parser("onmt-pick")
+    p.add_argument("work", type=Path)
+    p.add_argument("minutes", type=float)
+    sub.add_parser("score").add_argument("hyp", type=Path)
+    p = sub.add_parser("attnzoo-bleu")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--beam", type=int, default=5)
+    sub.add_parser("attnzoo-speed").add_argument("run_dir", type=Path)
+    p = sub.add_parser("ct2-bleu")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--source-eos", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.cmd == "onmt-config":
+        print(onmt_config(args.work), end="")
+    elif args.cmd == "onmt-pick":
+        print(json.dumps(onmt_pick(args.work, args.minutes)))
+    elif args.cmd == "score":
+        print(json.dumps(score(detok(args.hyp.read_text().splitlines()), test_refs())))
+    elif args.cmd == "attnzoo-bleu":
+        print(json.dumps(attnzoo_bleu(args.checkpoint, args.beam)))
+    elif args.cmd == "ct2-bleu":
+        print(json.dumps(ct2_bleu(args.folder, args.beam, args.source_eos, args.threads)))
+    else:
+        print(json.dumps(attnzoo_speed(args.run_dir)))
+
+
+if __name__ == "__main__":
+    main()
