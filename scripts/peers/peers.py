@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -88,9 +89,9 @@ def onmt_pick(work: Path, minutes: float) -> dict:
     if not within:
         sys.exit(f"no checkpoint saved within {minutes} min in {work}")
     step = within[-1]
-    rates = sorted(tgt for s, _, tgt, _ in reports if s <= step)
+    rates = [tgt for s, _, tgt, _ in reports if s <= step]
     return {"checkpoint": str(work / f"model_step_{step}.pt"), "step": step, "seconds": elapsed[step],
-            "target_tokens_per_s": rates[len(rates) // 2]}
+            "target_tokens_per_s": statistics.median(rates)}
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
