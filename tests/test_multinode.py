@@ -98,11 +98,20 @@ def lr_by_step(db: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def test_one_and_two_processes_train_the_same_model(tmp_path):
-    # batch_size is the global batch: 2 processes take 4 items each of the same 8, so with no
-    # dropout they take the same steps as 1 process on all 8 (up to float summation order).
+@pytest.mark.parametrize("batching", ["batch_size", "max_tokens"])
+def test_one_and_two_processes_train_the_same_model(tmp_path, batching):
+    # batch_size (or max_tokens) is the global batch: 2 processes take 4 items each of the same 8, so
+    # with no dropout they take the same steps as 1 process on all 8 (up to float summation order).
     root = copy_root(tmp_path, {"epochs": 2, "eval_every": 8, "batch_size": 8, "warmup_steps": 3, "seed": 3,
                                 "log_every": 1, "lr": 0.01})
+    if batching == "max_tokens":  # 8 items' worth of tokens: the same 8 batches of 8 an epoch, cut by tokens
+        from pipeline.tasks import get_task
+
+        task = get_task("copy")
+        length = task.length(task.load(root / "data" / "prepared" / "copy", "train")[0])
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["models"]["ntm"]["train"]["max_tokens"] = 8 * length
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
     env = venv_env(tmp_path)
     env["PYTHONPATH"] = str(ROOT)
     finish([start([sys.executable, WORKER, str(root), str(tmp_path / "one")], env)])
