@@ -196,8 +196,11 @@ def beam_search_batch(encoder: Graph, step: Graph, src: np.ndarray | dict, src_l
         alive = [alive[j] for j in kept]
     results = [s.result() for s in searches]
     if src_len is not None and not isinstance(src, dict):
+        width = src.shape[1]
         for r, n in zip(results, np.asarray(src_len).tolist()):
-            r["attention"] = r["attention"][:, :n]  # the padding of shorter inputs: weight 0
+            # Drop the columns of the input's padding (weight 0), which come last; columns beyond the
+            # source positions (a pointer network's END) stay.
+            r["attention"] = r["attention"][:, : r["attention"].shape[1] - (width - int(n))]
     return results
 
 
