@@ -106,11 +106,17 @@ def test_ctranslate2_holds_the_same_model(prepared, tmp_path):
     assert len(answers) >= 5  # the answers follow the inputs (9 distinct of 42): not one repeated answer
 
 
-def test_opennmt_gets_the_entrys_recipe(tmp_path):
+def test_opennmt_gets_the_entrys_recipe(prepared, tmp_path):
+    import shutil
+
     from pipeline.config import resolve
 
-    config = yaml.safe_load(peers.onmt_config(tmp_path))
-    run = resolve("transformer")
+    root = tmp_path / "repo"  # params.yaml beside prepared data, as in a clone after `dvc repro prepare`
+    (root / "data" / "prepared").mkdir(parents=True)
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    shutil.copytree(prepared, root / "data" / "prepared" / "translation_de_en")
+    config = yaml.safe_load(peers.onmt_config(tmp_path, root))
+    run = resolve("transformer", root=root)
     m, t = run.model, run.train
     assert (config["enc_layers"], config["dec_layers"], config["heads"], config["hidden_size"],
             config["transformer_ff"]) == (m.get("enc_layers", 3), m.get("dec_layers", 3), m.get("heads", 4),

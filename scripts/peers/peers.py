@@ -31,7 +31,7 @@ DATA = ROOT / "data" / "prepared" / "translation_de_en"
 MODEL = "transformer"
 
 
-def onmt_config(work: Path) -> str:
+def onmt_config(work: Path, root: Path = ROOT) -> str:
     """models.transformer's architecture, batching, optimiser and regularisation as OpenNMT-py 3.5 options.
 
     The schedule is OpenNMT-py's own (noam: the same warm-up, then inverse square root; noam's
@@ -42,7 +42,7 @@ def onmt_config(work: Path) -> str:
 
     from pipeline.config import resolve
 
-    run = resolve(MODEL)
+    run = resolve(MODEL, root=root)
     m, t = run.model, run.train
     dim = m.get("dim", 256)
     d = work / "data"
