@@ -75,6 +75,12 @@ class RunConfig:
     # serving limits published with the model (serving/admission.py Limits: its defaults, then
     # params.yaml serving.limits, then the entry's own limits)
     limits: dict[str, Any] = field(default_factory=dict)
+    # what serves the published fp32 version: its ONNX graphs, or CTranslate2 (pre-norm Transformers;
+    # pipeline/ctranslate2_engine.py). The int8 variant is always ONNX Runtime's.
+    engine: str = "onnxruntime"
+
+
+ENGINES = ("onnxruntime", "ctranslate2")
 
 
 def load_params(root: Path = ROOT) -> dict:
@@ -148,12 +154,15 @@ def resolve(
     except TypeError as err:
         known = [f.name for f in dataclasses.fields(TrainConfig)]
         raise UserError(f"{name}: bad train config ({err}); valid keys: {known}") from err
+    if entry.get("engine", "onnxruntime") not in ENGINES:
+        raise UserError(f"{name}: engine {entry['engine']!r} is not one of {', '.join(ENGINES)}")
     return RunConfig(
         name=name, arch=entry["arch"], task=entry["task"], model=model_cfg, train=train,
         data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
         parity=entry.get("parity", {}), bar=entry.get("bar", {}),
         evaluate=entry.get("evaluate", {}),
         limits={**(params.get("serving") or {}).get("limits", {}), **entry.get("limits", {})},
+        engine=entry.get("engine", "onnxruntime"),
     )
 
 

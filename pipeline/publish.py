@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -117,12 +118,14 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> st
     return "\n".join(lines) + "\n"
 
 
-def digest(folder: Path, serving: dict) -> str:
-    """Identity of a version: its graphs, how a server runs them and the bundled serving code (a
-    changed decode limit, tokenizer contract or loop is a new version even for the same graphs)."""
+def digest(folder: Path, serving: dict, engine: Path | None = None) -> str:
+    """Identity of a version: its graphs, its engine's model (``engine``: a folder), how a server runs
+    them and the bundled serving code (a changed decode limit, tokenizer contract or loop is a new
+    version even for the same graphs)."""
     h = hashlib.sha256()
-    for p in sorted(folder.glob("*.onnx")):
-        h.update(p.read_bytes())
+    for p in sorted(folder.glob("*.onnx")) + (sorted(engine.rglob("*")) if engine else []):
+        if p.is_file():
+            h.update(p.read_bytes())
     h.update(json.dumps(serving, sort_keys=True).encode())
     for f in ["triton_model.py"] + bundle():
         h.update(f.encode())
@@ -138,8 +141,9 @@ def files_sha256(folder: Path) -> dict[str, str]:
 
 
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,
-                  artifacts: list[Path]) -> tuple[dict, bool]:
-    """Write ``repo/<version>/`` atomically (a temp folder renamed into place).
+                  artifacts: list[Path], engine: Path | None = None) -> tuple[dict, bool]:
+    """Write ``repo/<version>/`` atomically (a temp folder renamed into place); ``engine``: a folder
+    copied into it under its own name (an engine's converted model, which the serving block names).
 
     Returns (metadata, created); an unchanged model returns the latest version's metadata.
     """
@@ -147,7 +151,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     repo.mkdir(parents=True, exist_ok=True)
     clear_dead(repo)  # what a killed publish left: never a version, but part of the DVC output
     versions = versions_in(repo)
-    graph_digest = digest(onnx_dir, serving)
+    graph_digest = digest(onnx_dir, serving, engine)
     if versions:
         latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
         if latest.get("graph_sha256") == graph_digest:
@@ -158,6 +162,8 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
         shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
     for artifact in artifacts:
         shutil.copy2(artifact, tmp / artifact.name)
+    if engine is not None:
+        shutil.copytree(engine, tmp / engine.name)
     if serving.get("loop") in ("seq2seq", "recurrent", "glimpse"):  # Triton python backend: model.py + its modules
         shutil.copy2(SERVING_DIR / "triton_model.py", tmp / "model.py")
         for f in bundle():
@@ -214,6 +220,15 @@ def model_card(meta: dict, served: dict | None) -> str:
     lines += ["", f"Promoted to production: {'yes' if meta.get('production') else 'no'} (that takes parity and "
               "every bar met). "
               f"ONNX vs PyTorch parity of the fp32 graphs: {'passed' if meta.get('parity_passed') else 'FAILED'}."]
+    engine = meta.get("engine")
+    if engine:  # served by another engine than the graphs: its own parity and scores
+        p, m = engine["parity"], engine["metrics"]
+        lines.append(f"Served by {engine['name']} (the model converted from the same checkpoint): parity with "
+                     f"PyTorch {'passed' if p['passed'] else 'FAILED'} on {p['items']} test sentences "
+                     f"(log-probabilities within {p['max_logp_diff']:.1e}, greedy tokens identical on "
+                     f"{p['greedy_identical']}); what it "
+                     f"answers scores BLEU {m['bleu_beam']} (beam {m['beam']}), bar "
+                     f"{'met' if engine['bar']['passed'] else 'NOT met'}.")
     if int8:
         rows = ", ".join(f"{c['metric']} {c['fp32']} → {c['int8']}" for c in meta["int8_gate"]["conditions"]) \
             or meta["int8_gate"].get("note", "")
@@ -255,7 +270,8 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
     from serving.pyfunc import input_example, signature
 
     requirements = []
-    for package in ("numpy", "onnxruntime", "sentencepiece", "mlflow"):
+    engine = meta["serving"].get("engine", "onnxruntime")
+    for package in ("numpy", "onnxruntime", "sentencepiece", "mlflow") + ((engine,) if engine != "onnxruntime" else ()):
         try:
             requirements.append(f"{package}=={installed(package)}")
         except PackageNotFoundError:  # e.g. onnxruntime-gpu instead of onnxruntime
@@ -311,9 +327,18 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
                "git_commit": tracking.git_commit(root),
                **({"run_dir": str(run.run_dir.resolve())} if adhoc else {"dvc": dvc_hashes(root, run.name)})}
     artifacts = [run.data_dir / a for a in manifest.get("artifacts", [])]
-    meta, created = write_version(
-        repository / run.name, run.name, onnx_dir, serving,
-        {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], "production": promote}, artifacts)
+    with tempfile.TemporaryDirectory() as scratch:
+        fp32_serving, engine, engine_dir = serving, {}, None
+        if run.engine == "ctranslate2":
+            from pipeline import ctranslate2_engine
+
+            fp32_serving, record = ctranslate2_engine.build(run, serving, onnx_dir, artifacts, Path(scratch))
+            engine, engine_dir = {"engine": record}, Path(scratch) / ctranslate2_engine.ENGINE_DIR
+            promote = promote and record["bar"]["passed"]  # what it serves meets the bar too
+        meta, created = write_version(
+            repository / run.name, run.name, onnx_dir, fp32_serving,
+            {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], **engine, "production": promote},
+            artifacts, engine_dir)
     # Also a version written by a run killed before it registered it (its metadata has no MLflow version).
     if not adhoc and (created or "mlflow_version" not in meta):
         _register(run, root, meta, promote)

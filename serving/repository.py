@@ -31,6 +31,7 @@ from serving.protocol import RequestError
 log = logging.getLogger("attnzoo.serving")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 VERSION_RE = re.compile(r"^[0-9]{1,9}$")  # ASCII digits only ("²".isdigit() is true, int("²") fails)
+CT2_FILES = ("config.json", "model.bin", "source_vocabulary.json", "target_vocabulary.json")
 FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # one plain path part: never "..", "/" or "~"
 
 
@@ -42,9 +43,13 @@ def check_version(folder: Path) -> None:
     serving = meta.get("serving") or {}
     named = [f"{g}.onnx" if isinstance(g, str) else g for g in meta.get("graphs") or []]
     named += [serving[k] for k in ("source_tokenizer", "target_tokenizer") if k in serving]
+    engine = (serving.get("ctranslate2") or {}).get("folder")
+    named += [engine] if engine is not None else []
     for name in named:
         if not isinstance(name, str) or not FILE_RE.match(name):
             raise ValueError(f"metadata.json names {str(name)[:80]!r}, which is not a file name in the version")
+    if engine is not None:  # the files CTranslate2 loads from its folder
+        named = [n for n in named if n != engine] + [f"{engine}/{f}" for f in CT2_FILES]
     recorded = meta.get("files_sha256")
     if recorded is None:  # published before files were recorded
         log.warning("%s: no files_sha256 in its metadata (an older publish): its files are not verified", folder)

@@ -159,6 +159,37 @@ def venv_env(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def smoke_translation(tmp_path_factory) -> Path:
+    """The smoke profile's German-English pairs, prepared as the translation task prepares a user's
+    corpus (SentencePiece models, splits, manifest): a data/prepared/translation_de_en folder."""
+    from pipeline.prepare import prepare
+
+    out = tmp_path_factory.mktemp("translation") / "data"
+    prepare("translation_de_en", {"seed": 3, "vocab_size": 400, "corpus": str(ROOT / "profiles" / "smoke_de_en.tsv"),
+                                  "val_size": 40, "test_size": 40, "max_doc_share": 0.2,
+                                  "clean": {"min_words": 3, "max_words": 40}}, out)
+    return out
+
+
+def trained_looking_transformer(data: Path, seed: int = 5, scale: float = 0.2):
+    """A tiny Transformer over ``data``'s vocabularies whose weights are perturbed away from the
+    initialisation, so that its answers vary with the input (an untrained one emits one token)."""
+    import sentencepiece as spm
+
+    import models
+
+    size = {s: spm.SentencePieceProcessor(model_file=str(data / f"spm.{s}.model")).get_piece_size()
+            for s in ("de", "en")}
+    torch.manual_seed(seed)
+    model = models.build("transformer", {"src_vocab": size["de"], "tgt_vocab": size["en"], "dim": 32, "heads": 4,
+                                         "ff_dim": 64, "enc_layers": 2, "dec_layers": 2, "max_len": 20}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+@pytest.fixture(scope="session")
 def published(tmp_path_factory):
     """A tiny model repository with every kind of served model (tests/serving_repo.py), built once
     per session and shared by the serving test modules (none of them writes to it)."""

@@ -172,21 +172,9 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     beam_out = beam_translate(model, items, run.evaluate, desc=f"beam {beam} {run.name}")
     refs = [it["tgt_text"] for it in items]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    copy = [it["src_text"] for it in items]  # the floor: names, commands and numbers pass through
-    metrics = {
-        "bleu_greedy": round(bleu.corpus_score(hyp_greedy, [refs]).score, 2),
-        "bleu_beam": round(bleu.corpus_score(hyp_beam, [refs]).score, 2),
-        "chrf_beam": round(chrf.corpus_score(hyp_beam, [refs]).score, 2),
-        "bleu_copy_source": round(bleu.corpus_score(copy, [refs]).score, 2),
-        "beam": beam, "test_sentences": len(items),
-        "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
-    }
-    metrics["by_source"] = by_source(items, hyp_beam, refs, copy, min_sentences=run.evaluate.get("min_source", 100))
-    # The floor as bar metrics: overall, and the worst source (each with at least min_source sentences).
-    metrics["bleu_over_copy"] = round(metrics["bleu_beam"] - metrics["bleu_copy_source"], 2)
-    metrics["min_source_over_copy"] = min((round(g["bleu"] - g["bleu_copy_source"], 2) for g in metrics["by_source"]),
-                                          default=metrics["bleu_over_copy"])
+    bleu = sacrebleu.BLEU()
+    metrics = {"bleu_greedy": round(bleu.corpus_score(hyp_greedy, [refs]).score, 2),
+               **score_beam(items, hyp_beam, beam, run.evaluate.get("min_source", 100))}
     ood = task.load(run.data_dir, "test_dict") if (run.data_dir / "test_dict.pt").exists() else []
     if ood:  # out of domain: everyday dictionary sentences, greedy (a check, not the headline)
         hyp = greedy_translate(model, task, ood, sp["en"])
@@ -235,6 +223,28 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
                         "floor": [g["bleu_copy_source"] for g in metrics["by_source"]],
                         "counts": [g["sentences"] for g in metrics["by_source"]]}}
     return metrics, row
+
+
+def score_beam(items: list[dict], hyp_beam: list[str], beam: int, min_source: int) -> dict:
+    """The beam metrics of ``hyp_beam`` (one text per test item): BLEU and chrF, the copy floor, by
+    corpus source (each with at least ``min_source`` sentences) and the floor as bar metrics
+    (overall, and the worst source). Also how ``publish`` scores another serving engine."""
+    import sacrebleu
+
+    refs, copy = [it["tgt_text"] for it in items], [it["src_text"] for it in items]
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    metrics = {
+        "bleu_beam": round(bleu.corpus_score(hyp_beam, [refs]).score, 2),
+        "chrf_beam": round(chrf.corpus_score(hyp_beam, [refs]).score, 2),
+        "bleu_copy_source": round(bleu.corpus_score(copy, [refs]).score, 2),
+        "beam": beam, "test_sentences": len(items),
+        "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+    }
+    metrics["by_source"] = by_source(items, hyp_beam, refs, copy, min_sentences=min_source)
+    metrics["bleu_over_copy"] = round(metrics["bleu_beam"] - metrics["bleu_copy_source"], 2)
+    metrics["min_source_over_copy"] = min((round(g["bleu"] - g["bleu_copy_source"], 2) for g in metrics["by_source"]),
+                                          default=metrics["bleu_over_copy"])
+    return metrics
 
 
 def beam_translate(model, items: list[dict], options: dict, desc: str = "beam") -> list[dict]:

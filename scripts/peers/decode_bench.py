@@ -6,9 +6,12 @@ fp32 and int8, on 1 and 2 threads:
 
 * ``ctranslate2``: ``ctranslate2.Translator`` on attnzoo's weights converted by
   ``scripts/peers/ctranslate2_convert.py`` (int8: CTranslate2's own int8 quantisation);
-* ``onnx``: ``serving.client.LocalClient`` on the published version (the server's decoding loop in
-  this process; int8: the published ``transformer-int8`` variant);
-* ``server``: ``attnzoo serve`` on loopback, one request of ``batch`` texts at a time.
+* ``onnx``: ``serving.client.LocalClient`` on the newest version served by ONNX Runtime (the server's
+  decoding loop in this process; int8: the published ``transformer-int8`` variant);
+* ``attnzoo-ct2``: the same through the version ``publish`` made for CTranslate2 (``engine:
+  ctranslate2``; fp32), where the repository has one;
+* ``server`` / ``server-ct2``: those versions through ``attnzoo serve`` on loopback, one request of
+  ``batch`` texts at a time.
 
 Reports sentences/s per cell, each figure the median of ``--repeats`` runs taken in turn, and the
 share of sentences whose output equals the ONNX loop's at the same precision.
@@ -47,7 +50,11 @@ def batches(texts: list[str], size: int) -> list[list[str]]:
 
 
 class CT2:
-    def __init__(self, folder: Path, threads: int, compute_type: str, beam: int, max_len: int):
+    """A CTranslate2 model folder, text in and out (SentencePiece on both sides); ``source_eos``: its
+    sources end with ``</s>``, as attnzoo's do (OpenNMT-py's do not)."""
+
+    def __init__(self, folder: Path, threads: int, compute_type: str, beam: int, max_len: int,
+                 source_eos: bool = True):
         import ctranslate2
         import sentencepiece as spm
 
@@ -55,33 +62,42 @@ class CT2:
                                          compute_type=compute_type)
         self.src = spm.SentencePieceProcessor(model_file=str(DATA / "spm.de.model"))
         self.tgt = spm.SentencePieceProcessor(model_file=str(DATA / "spm.en.model"))
-        self.beam, self.max_len = beam, max_len
+        self.beam, self.max_len, self.eos = beam, max_len, ["</s>"] if source_eos else []
 
     def __call__(self, texts: list[str]) -> list[str]:
-        pieces = [p + ["</s>"] for p in self.src.encode(texts, out_type=str)]  # attnzoo's sources end with EOS
+        pieces = [p + self.eos for p in self.src.encode(texts, out_type=str)]
         out = self.tr.translate_batch(pieces, beam_size=self.beam, max_decoding_length=self.max_len,
                                       length_penalty=1.0)
         return [self.tgt.decode_pieces(r.hypotheses[0]) for r in out]
 
 
 class Local:
-    def __init__(self, repository: Path, name: str, threads: int):
+    """A published version through ``LocalClient`` (the server's model in this process)."""
+
+    def __init__(self, repository: Path, name: str, threads: int, version: int | None):
         from serving.client import LocalClient
 
-        self.client, self.name = LocalClient(repository, threads=threads), name
+        self.client, self.name, self.version = LocalClient(repository, threads=threads), name, version
 
     def __call__(self, texts: list[str]) -> list[str]:
-        return [r["translation"] for r in self.client.translate(self.name, texts)]
+        return [r["translation"] for r in self.client.translate(self.name, texts, version=self.version)]
 
 
-class Served:
-    def __init__(self, url: str, name: str):
+class Served(Local):
+    """A published version through ``attnzoo serve`` on loopback."""
+
+    def __init__(self, url: str, name: str, version: int | None):
         from serving.client import Client
 
-        self.client, self.name = Client(url), name
+        self.client, self.name, self.version = Client(url), name, version
 
-    def __call__(self, texts: list[str]) -> list[str]:
-        return [r["translation"] for r in self.client.translate(self.name, texts)]
+
+def newest_by_engine(repository: Path, name: str) -> dict[str, int]:
+    """{engine: the newest version of ``name`` it serves} (``onnxruntime`` unless the serving block names another)."""
+    found: dict[str, int] = {}
+    for meta_path in sorted((repository / name).glob("*/metadata.json"), key=lambda p: int(p.parent.name)):
+        found[json.loads(meta_path.read_text())["serving"].get("engine", "onnxruntime")] = int(meta_path.parent.name)
+    return found
 
 
 def free_port() -> int:
@@ -124,13 +140,18 @@ def bench(args) -> list[dict]:
         for precision in args.precisions:
             ct2_dir = args.ct2 if precision == "fp32" else args.ct2_int8
             name = MODEL if precision == "fp32" else f"{MODEL}-int8"
+            versions = newest_by_engine(args.repository, name)
             engines = {"ctranslate2": CT2(ct2_dir, threads, "float32" if precision == "fp32" else "int8",
                                           args.beam, args.max_len),
-                       "onnx": Local(args.repository, name, threads)}
+                       "onnx": Local(args.repository, name, threads, versions["onnxruntime"])}
+            if "ctranslate2" in versions:  # the version publish made for CTranslate2 (`engine: ctranslate2`)
+                engines["attnzoo-ct2"] = Local(args.repository, name, threads, versions["ctranslate2"])
             server = None
-            if "server" in args.engines:
+            if {"server", "server-ct2"} & set(args.engines):
                 server, url = start_server(args.repository, threads)
-                engines["server"] = Served(url, name)
+                engines["server"] = Served(url, name, versions["onnxruntime"])
+                if "ctranslate2" in versions:
+                    engines["server-ct2"] = Served(url, name, versions["ctranslate2"])
             engines = {k: v for k, v in engines.items() if k in args.engines}
             try:
                 for size in args.batch:
@@ -162,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ct2", type=Path, required=True, help="CTranslate2 model of the fp32 weights")
     ap.add_argument("--ct2-int8", type=Path, help="CTranslate2 model quantised to int8 (default: --ct2)")
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    ap.add_argument("--engines", nargs="+", default=["ctranslate2", "onnx", "server"])
+    ap.add_argument("--engines", nargs="+", default=["ctranslate2", "onnx", "attnzoo-ct2", "server", "server-ct2"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])

@@ -155,18 +155,12 @@ def attnzoo_speed(run_dir: Path) -> dict:
 
 def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
     """Both toolkits' models decoded by one engine: the same beam search, length normalisation
-    (log p / length) and 100-piece limit as attnzoo's loop."""
-    import ctranslate2
-    import sentencepiece as spm
+    (log p / length) and 100-piece limit as attnzoo's loop, 32 sentences a call."""
+    from decode_bench import CT2, batches, test_texts
 
-    from pipeline.tasks.translation_de_en import TranslationTask
-
-    items = TranslationTask().load(DATA, "test")
-    sp = {s: spm.SentencePieceProcessor(model_file=str(DATA / f"spm.{s}.model")) for s in ("de", "en")}
-    tr = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
-    src = [sp["de"].encode(it["src_text"], out_type=str) + (["</s>"] if source_eos else []) for it in items]
-    out = tr.translate_batch(src, beam_size=beam, max_decoding_length=100, length_penalty=1.0, max_batch_size=32)
-    return score([sp["en"].decode_pieces(r.hypotheses[0]) for r in out], [it["tgt_text"] for it in items])
+    engine = CT2(folder, threads, "float32", beam, 100, source_eos)
+    hyps = [h for chunk in batches(test_texts(None), 32) for h in engine(chunk)]
+    return score(hyps, test_refs())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -67,6 +67,7 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
 
     folder = Path(folder)
     meta = json.loads((folder / "metadata.json").read_text())
+    engine_threads = threads  # an engine of the kind's own (CTranslate2) runs whole searches: not a loop's threads
     if len(meta["graphs"]) > 1 and loop_threads is not None:
         threads = loop_threads
     graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
@@ -80,4 +81,6 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         raise ValueError(f"{folder}: serving kind {kind!r} is not known to this server (known: {sorted(KINDS)}); "
                          "upgrade the server")
     looped = wrap(name, graphs) if wrap and len(graphs) > 1 else graphs
-    return KINDS[kind](name, version, folder, meta, looped, limits), graphs, meta
+    model = KINDS[kind](name, version, folder, meta, looped, limits)
+    model.start(provider, engine_threads)
+    return model, graphs, meta

@@ -1,14 +1,22 @@
 """Translation: ``text`` (BYTES) in, the translation with its alignment out (SentencePiece
-tokenizers bundled with the version)."""
+tokenizers bundled with the version).
+
+Two engines, chosen per version by its serving block: the ONNX graphs run by ``serving.decode``'s
+loops (every version), or CTranslate2 (``"engine": "ctranslate2"``: the version carries the model
+converted by ``publish``, ``pipeline/ctranslate2_engine.py``, with the ``serve`` extra's
+``ctranslate2``). Both answer the same tensors.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from serving import decode
-from serving.admission import over_limit
+from serving.admission import COMPUTE, check_deadline, over_limit
 from serving.base import ServedModel, decode_params
 from serving.kinds import register
 from serving.protocol import RequestError, TensorSpec
@@ -50,16 +58,28 @@ class TranslationModel(ServedModel):
         self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
         self.src_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["source_tokenizer"]))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["target_tokenizer"]))
+        self.folder, self.engine = folder, None  # CTranslate2's translator, made by start()
+
+    def start(self, provider: str = "auto", threads: int = 0) -> None:
+        engine = self.serving.get("engine", "onnxruntime")
+        if engine == "ctranslate2":
+            self.engine = CT2Engine(self.folder / self.serving["ctranslate2"]["folder"], provider, threads)
+        elif engine != "onnxruntime":
+            raise ValueError(f"engine {engine!r} is not known to this server (known: onnxruntime, ctranslate2); "
+                             "upgrade the server")
 
     def encode(self, text: str) -> list[int]:
         over_limit("the length of a text in characters", len(text), "text_chars", self.limits.text_chars)
         ids = self.src_sp.encode(text)
         return ids + [self.serving["eos_id"]] if self.serving.get("append_eos") else ids
 
-    def translate(self, texts: list[str], mode: str, beam: int) -> list[dict]:
-        """Each text -> {"tokens": target ids without EOS, "attention": [T(+1), S'], "src": ids}."""
+    def translate(self, texts: list[str], mode: str, beam: int, nbest: int = 1) -> list[dict]:
+        """Each text -> {"tokens": target ids without EOS, "attention": [T(+1), S'], "src": ids,
+        "nbest": at least ``nbest`` (ids, score) best first}."""
         s = self.serving
         srcs = [self.encode(t) for t in texts]
+        if self.engine is not None:
+            return self.engine.translate(srcs, beam if mode == "beam" else 1, nbest, s)
         if mode == "beam":
             out = []
             # The texts' searches share each step call (beam_search_batch), at most BEAM_ROWS hypotheses
@@ -99,7 +119,7 @@ class TranslationModel(ServedModel):
                     "target_pieces": (np.zeros((0, 0), dtype=object), "BYTES"),
                     "nbest": (np.zeros((0, nbest), dtype=object), "BYTES"),
                     "nbest_scores": (np.zeros((0, nbest), np.float32), "FP32")}
-        results = self.translate(texts, mode, beam)
+        results = self.translate(texts, mode, beam, nbest)
         rows = max(r["attention"].shape[0] for r in results)
         cols = max(r["attention"].shape[1] for r in results)
         attention = np.zeros((len(results), rows, cols), dtype=np.float32)  # zero-padded [N,T,S]
@@ -122,3 +142,68 @@ class TranslationModel(ServedModel):
         return {"translation": (translations, "BYTES"), "attention": (attention, "FP32"),
                 "source_pieces": (src_pieces, "BYTES"), "target_pieces": (tgt_pieces, "BYTES"),
                 "nbest": (hyps, "BYTES"), "nbest_scores": (scores, "FP32")}
+
+
+class CT2Engine:
+    """``ctranslate2.Translator`` over a version's converted model: the search of
+    :func:`serving.decode.beam_search_batch` (its ranking, stopping rule and n-best scores), greedy
+    decoding as beam 1 (no scores, as the ONNX loop), in chunks of :data:`BEAM_ROWS` hypotheses."""
+
+    def __init__(self, folder: Path, provider: str, threads: int):
+        try:
+            import ctranslate2
+        except ImportError as err:
+            raise RuntimeError(f"{folder} is served by CTranslate2, which is not installed: "
+                               "pip install 'attnzoo[serve]' (or ctranslate2)") from err
+        cuda = provider != "cpu" and ctranslate2.get_cuda_device_count() > 0
+        if provider == "cuda" and not cuda:
+            raise RuntimeError("CUDA requested but CTranslate2 sees no CUDA device here")
+        # fp32 as converted; intra_threads as the ONNX graphs' (0: one per core); one translation at a time
+        self.translator = ctranslate2.Translator(str(folder), device="cuda" if cuda else "cpu",
+                                                 compute_type="float32", inter_threads=1,
+                                                 intra_threads=threads or os.cpu_count() or 1)
+        self.device = "cuda" if cuda else "cpu"
+        self.source = json.loads((folder / "source_vocabulary.json").read_text())  # pieces by id
+        self.index = {p: i for i, p in enumerate(json.loads((folder / "target_vocabulary.json").read_text()))}
+
+    def translate(self, srcs: list[list[int]], beam: int, nbest: int, s: dict) -> list[dict]:
+        eos, out, size = self.index["</s>"], [], max(1, BEAM_ROWS // beam)
+        options = decode.search_options(s)
+        for at in range(0, len(srcs), size):
+            chunk = srcs[at : at + size]
+            check_deadline()  # a request past its deadline stops before its next chunk (HTTP 504)
+            with COMPUTE:
+                found = self.translator.translate_batch(
+                    [[self.source[t] for t in ids] for ids in chunk], beam_size=beam, num_hypotheses=min(nbest, beam),
+                    length_penalty=options["length_penalty"], no_repeat_ngram_size=options["no_repeat_ngram"],
+                    max_decoding_length=s["max_len"], min_decoding_length=0, return_scores=True,
+                    return_attention=True, return_end_token=True)
+            first = self._first_rows(chunk) if beam > 1 and len({len(x) for x in chunk}) > 1 else None
+            for i, (ids, r) in enumerate(zip(chunk, found)):
+                ranked = [self._hypothesis(h, score, beam, eos, options["length_penalty"])
+                          for h, score in zip(r.hypotheses, r.scores)]
+                attention = np.asarray(r.attention[0], dtype=np.float32)  # [T(+1), S]
+                if first is not None:
+                    attention[0] = first[i]
+                out.append({"tokens": ranked[0][0], "attention": attention, "src": ids, "nbest": ranked})
+        return out
+
+    def _hypothesis(self, pieces: list[str], score: float, beam: int, eos: int, length_penalty: float):
+        """(ids without EOS, score as the ONNX loop gives it): NaN for greedy decoding; for a hypothesis
+        that reached max_len without EOS, log p itself (CTranslate2 normalises it by its length too)."""
+        ids = [self.index[p] for p in pieces]
+        if beam == 1:
+            return ids[:-1] if ids and ids[-1] == eos else ids, float("nan")
+        if ids and ids[-1] == eos:
+            return ids[:-1], score  # the EOS step's row of the attention stays
+        return ids, score * max(len(ids), 1) ** length_penalty
+
+    def _first_rows(self, chunk: list[list[int]]) -> list[np.ndarray]:
+        """The first step's alignment of each source. CTranslate2 4.8's beam search returns it wrong
+        for a source shorter than others in its batch (weight on the padding: rows summing to 0.94-0.99,
+        measured); every hypothesis starts from BOS alone, so one greedy step gives it."""
+        with COMPUTE:
+            found = self.translator.translate_batch([[self.source[t] for t in ids] for ids in chunk], beam_size=1,
+                                                    max_decoding_length=1, min_decoding_length=0,
+                                                    return_attention=True, return_end_token=True)
+        return [np.asarray(r.attention[0][0], dtype=np.float32) for r in found]
