@@ -204,7 +204,7 @@ def score(run, served: dict, onnx_dir: Path, artifacts: list[Path], out: Path, i
         shutil.copy2(artifact, out / artifact.name)
     graphs = {g: OrtGraph(onnx_dir / f"{g}.onnx", "cpu") for g in ("encoder", "decoder_step")}
     model = KINDS[served["kind"]](run.name, 0, out, {"serving": served}, graphs, Limits.of(served["limits"]))
-    model.start("cpu", 0)
+    model.open_engine("cpu", 0)
     rows, hyps, began = model.limits.rows, [], time.perf_counter()
     for at in tqdm(range(0, len(items), rows), desc=f"ctranslate2 beam {served['beam']} {run.name}", mininterval=5):
         texts = np.array([it["src_text"] for it in items[at : at + rows]], dtype=object)

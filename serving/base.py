@@ -77,7 +77,7 @@ class ServedModel(ABC):
             total += size
         return total
 
-    def start(self, provider: str = "auto", threads: int = 0) -> None:
+    def open_engine(self, provider: str = "auto", threads: int = 0) -> None:
         """Start what runs beside the graphs on this machine (an engine of its own); the graphs'
         sessions are already made. ``provider`` and ``threads`` as the graphs got them."""
         return None  # the graphs are all most kinds run

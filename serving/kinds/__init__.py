@@ -82,5 +82,5 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
                          "upgrade the server")
     looped = wrap(name, graphs) if wrap and len(graphs) > 1 else graphs
     model = KINDS[kind](name, version, folder, meta, looped, limits)
-    model.start(provider, engine_threads)
+    model.open_engine(provider, engine_threads)
     return model, graphs, meta

@@ -58,9 +58,9 @@ class TranslationModel(ServedModel):
         self.encoder, self.step = graphs["encoder"], graphs["decoder_step"]
         self.src_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["source_tokenizer"]))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / self.serving["target_tokenizer"]))
-        self.folder, self.engine = folder, None  # CTranslate2's translator, made by start()
+        self.folder, self.engine = folder, None  # CTranslate2's translator, made by open_engine()
 
-    def start(self, provider: str = "auto", threads: int = 0) -> None:
+    def open_engine(self, provider: str = "auto", threads: int = 0) -> None:
         engine = self.serving.get("engine", "onnxruntime")
         if engine == "ctranslate2":
             self.engine = CT2Engine(self.folder / self.serving["ctranslate2"]["folder"], provider, threads)
