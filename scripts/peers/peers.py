@@ -117,7 +117,7 @@ def detok(lines: list[str]) -> list[str]:
     return [sp.decode_pieces(x.split()) if "▁" in x else x for x in lines]
 
 
-def attnzoo_bleu(checkpoint_dir: Path, beam: int) -> dict:
+def attnzoo_bleu(checkpoint_dir: Path, beam: int, split: str = "test") -> dict:
     import sentencepiece as spm
 
     from pipeline.checkpoint import load_model
@@ -125,7 +125,7 @@ def attnzoo_bleu(checkpoint_dir: Path, beam: int) -> dict:
     from pipeline.tasks.translation_de_en import TranslationTask, beam_translate
 
     model, _ = load_model(checkpoint_dir)
-    items = TranslationTask().load(DATA, "test")
+    items = TranslationTask().load(DATA, split)
     options = {**resolve(MODEL).evaluate, "beam": beam}
     out = beam_translate(model, items, options, desc=f"beam {beam}")
     sp = spm.SentencePieceProcessor(model_file=str(DATA / "spm.en.model"))
