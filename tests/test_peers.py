@@ -74,3 +74,29 @@ def test_the_opennmt_checkpoint_within_the_budget(tmp_path):
     assert got["target_tokens_per_s"] == 4000  # the median of the target rates up to step 100: 3900, 4100
     with pytest.raises(SystemExit, match="no checkpoint saved within"):
         peers.onmt_pick(tmp_path, 0.5)
+
+
+def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import json
+
+    import transformer_recipe
+
+    path = tmp_path / "recipe.json"
+    a, b = ({"val_loss": 2.5, "bleu": 24.0, "chrf": 49.0, "val_token_acc": 0.53, "train_seconds": 972.8},
+            {"val_loss": 1.8, "bleu": 36.0, "chrf": 60.0, "val_token_acc": 0.65, "train_seconds": 2949.7})
+    transformer_recipe.keep(path, 6000, 5, {"recipe": a})
+    transformer_recipe.keep(path, 2000, 5, {"recipe": a, "dropout 0": b})
+    transformer_recipe.keep(path, 6000, 5, {"recipe": b})  # a budget measured again replaces its comparison
+    kept = json.loads(path.read_text())
+    assert [c["steps"] for c in kept["comparisons"]] == [2000, 6000]
+    assert kept["comparisons"][1]["rows"] == {"recipe": b}
+    lines = transformer_recipe.table(kept["comparisons"][0]["rows"]).splitlines()
+    assert lines[2] == "| recipe | 2.500 | 53.0 % | 24.00 | — | 49.00 | 16 min 13 s |"
+    assert lines[3] == "| dropout 0 | 1.800 | 65.0 % | 36.00 | +12.00 | 60.00 | 49 min 10 s |"
+    # a finished recipe run of another budget is refused, not compared
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_summary.json").write_text(json.dumps({"steps": 6000}))
+    with pytest.raises(SystemExit, match="did not train 2000 steps"):
+        transformer_recipe.main(["--work", str(tmp_path / "w"), "--only", "recipe", "--recipe-run", str(run)])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -261,3 +262,18 @@ def test_expressions_read_other_entries_and_files():
         _load("bahdanau", "int8_metrics.json")["gate"]["conditions"][0]["int8"]
     assert _value("bleu_by_length.25+.bleu", "bahdanau", "metrics.json") == \
         _load("bahdanau", "metrics.json")["bleu_by_length"][-1]["bleu"]
+
+
+def test_the_transformer_recipe_tables_are_the_committed_comparisons():
+    """Each table under "The Transformer's recipe" after the first is ``scripts/transformer_recipe.py``'s
+    rendering of one budget of the committed ``docs/transformer_recipe.json``, named with its steps."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from transformer_recipe import VARIANTS, table
+
+    kept = json.loads((ROOT / "docs" / "transformer_recipe.json").read_text())
+    section = DOC.read_text().split("### The Transformer's recipe", 1)[1].split("\n### ", 1)[0]
+    assert kept["comparisons"]
+    for comparison in kept["comparisons"]:
+        assert list(comparison["rows"])[0] == "recipe" and set(comparison["rows"]) <= set(VARIANTS)
+        assert table(comparison["rows"]) in section, comparison["steps"]
+        assert f"{comparison['steps']:,} steps" in section
