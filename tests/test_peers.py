@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -78,8 +79,6 @@ def test_the_opennmt_checkpoint_within_the_budget(tmp_path):
 
 def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
-    import json
-
     import transformer_recipe
 
     path = tmp_path / "recipe.json"
