@@ -75,8 +75,8 @@ class RunConfig:
     # serving limits published with the model (serving/admission.py Limits: its defaults, then
     # params.yaml serving.limits, then the entry's own limits)
     limits: dict[str, Any] = field(default_factory=dict)
-    # what serves the published fp32 version: its ONNX graphs, or CTranslate2 (pre-norm Transformers;
-    # pipeline/ctranslate2_engine.py). The int8 variant is always ONNX Runtime's.
+    # what serves the published versions: their ONNX graphs, or CTranslate2 (pre-norm Transformers;
+    # pipeline/ctranslate2_engine.py), whose own int8 conversion then serves the int8 variant too.
     engine: str = "onnxruntime"
 
 

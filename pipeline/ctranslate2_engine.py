@@ -3,7 +3,9 @@
 ``publish`` converts the trained checkpoint with ``ctranslate2.specs`` into the version's
 ``ctranslate2/`` folder (beside the ONNX graphs, which Triton and the ``<model>.<graph>`` models
 keep serving), checks it against PyTorch (:func:`parity`) and scores the test set on what the server
-then answers; ``serving/kinds/translation.py`` decodes with ``ctranslate2.Translator``.
+then answers; ``serving/kinds/translation.py`` decodes with ``ctranslate2.Translator``. ``quantize``
+converts it once more with int8 weights (:func:`build_int8`) for the entry's int8 variant, which its
+quality gate judges as it judges the int8 graphs.
 
 The mapping: CTranslate2's pre-norm ``TransformerSpec`` holding the same weights, the three attention
 projections fused as CTranslate2 stores them (query/key/value for self-attention, key/value for
@@ -26,18 +28,22 @@ MAX_POSITIONS = 1024  # CTranslate2 reads positions from this table: far beyond 
 SPECIAL = ["<blank>", "<s>", "</s>", "<unk>"]  # attnzoo's pad, bos, eos, unk ids 0-3 in CTranslate2's words
 
 
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A copy: ``spec.optimize`` quantises the spec's arrays in place, which must not reach the model."""
+    return tensor.detach().cpu().numpy().copy()
+
+
 def _linear(spec, layer) -> None:
-    spec.weight = layer.weight.detach().numpy()
-    spec.bias = layer.bias.detach().numpy()
+    spec.weight, spec.bias = _array(layer.weight), _array(layer.bias)
 
 
 def _fused(spec, layers) -> None:
-    spec.weight = np.concatenate([lin.weight.detach().numpy() for lin in layers])
-    spec.bias = np.concatenate([lin.bias.detach().numpy() for lin in layers])
+    spec.weight = np.concatenate([_array(lin.weight) for lin in layers])
+    spec.bias = np.concatenate([_array(lin.bias) for lin in layers])
 
 
 def _norm(spec, norm) -> None:
-    spec.gamma, spec.beta = norm.weight.detach().numpy(), norm.bias.detach().numpy()
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
 
 
 def _layer(layer, block) -> None:
@@ -76,14 +82,14 @@ def build_spec(model, source: list[str], target: list[str]):
                                       ("decoder", model.tgt_embed, model.decoder, model.dec_norm)):
         s = getattr(spec, side)
         emb = s.embeddings[0] if isinstance(s.embeddings, list) else s.embeddings
-        emb.weight = embed.weight.detach().numpy()
+        emb.weight = _array(embed.weight)
         s.scale_embeddings = True  # √D·E + PE, as Transformer.embed
         s.position_encodings.encodings = table
         _norm(s.layer_norm, final)
         for layer, block in zip(s.layer, blocks):
             _layer(layer, block)
-    spec.decoder.projection.weight = model.tgt_embed.weight.detach().numpy()
-    spec.decoder.projection.bias = model.out_bias.detach().numpy()
+    spec.decoder.projection.weight = _array(model.tgt_embed.weight)
+    spec.decoder.projection.bias = _array(model.out_bias)
     spec.register_source_vocabulary(source)
     spec.register_target_vocabulary(target)
     return spec
@@ -158,9 +164,12 @@ def pieces_of(folder: Path, side: str) -> list[str]:
 
 
 PARITY_ITEMS = 64  # test sentences whose log-probabilities and greedy decoding are checked
+# CTranslate2 4.8's int8 on the CPU runs fastest on one thread: the test set at 157.4 sentences/s at batch
+# 1 against 12.0 on two (2-core EPYC, AVX512-BF16; docs/benchmarks.md, Peers): the int8 version caps them.
+INT8_CPU_THREADS = 1
 
 
-def build(run, serving: dict, onnx_dir: Path, artifacts: list[Path], out: Path) -> tuple[dict, dict]:
+def build(run, serving: dict, artifacts: list[Path], out: Path) -> tuple[dict, dict]:
     """The engine's part of ``run``'s version, written into ``out``: the converted model
     (``out/ctranslate2``), checked against PyTorch, and the test set scored on what the server answers.
 
@@ -182,12 +191,38 @@ def build(run, serving: dict, onnx_dir: Path, artifacts: list[Path], out: Path) 
                         "Serve it with ONNX Runtime (remove `engine: ctranslate2` from params.yaml) or fix "
                         "pipeline/ctranslate2_engine.py")
     served = {**serving, "engine": "ctranslate2", "ctranslate2": {"folder": ENGINE_DIR, "compute_type": "float32"}}
-    metrics = score(run, served, onnx_dir, artifacts, out, items)
+    metrics = score(run, served, artifacts, out, items)
     return served, {"name": "ctranslate2", "parity": check, "metrics": metrics,
                     "bar": check_bar(metrics, run.bar or [])}
 
 
-def score(run, served: dict, onnx_dir: Path, artifacts: list[Path], out: Path, items: list[dict]) -> dict:
+def build_int8(model, run, serving: dict, artifacts: list[Path], out: Path) -> dict:
+    """The int8 variant of an entry this engine serves (``quantize@``): ``model`` converted with int8
+    weights into ``out/ctranslate2`` and the test set scored on what the server answers with it.
+    There is no parity to check (int8 computes other numbers): the quality gate judges it.
+
+    Returns the engine's record: its name, the serving block's part (folder, compute type, the most
+    CPU threads it runs on), metrics.
+    """
+    import shutil
+    import tempfile
+
+    import ctranslate2
+
+    from pipeline.tasks import get_task
+
+    block = {"folder": ENGINE_DIR, "compute_type": "int8", "cpu_threads": INT8_CPU_THREADS}
+    with tempfile.TemporaryDirectory() as scratch:
+        convert(model, run.data_dir / serving["source_tokenizer"], run.data_dir / serving["target_tokenizer"],
+                Path(scratch) / ENGINE_DIR, quantization="int8")
+        served = {**serving, "engine": "ctranslate2", "ctranslate2": block}
+        metrics = score(run, served, artifacts, Path(scratch), get_task(run.task).load(run.data_dir, "test"))
+        shutil.rmtree(out / ENGINE_DIR, ignore_errors=True)
+        shutil.copytree(Path(scratch) / ENGINE_DIR, out / ENGINE_DIR)
+    return {"name": "ctranslate2", "version": ctranslate2.__version__, "serving": block, "metrics": metrics}
+
+
+def score(run, served: dict, artifacts: list[Path], out: Path, items: list[dict]) -> dict:
     """The task's beam metrics of the server's model on ``out`` (the engine and the tokenizers): every
     test text in, the translation out, in requests of the version's row limit."""
     import shutil
@@ -198,11 +233,11 @@ def score(run, served: dict, onnx_dir: Path, artifacts: list[Path], out: Path, i
     from pipeline.tasks.translation_de_en import score_beam
     from serving.admission import Limits
     from serving.kinds import KINDS
-    from serving.runtime import OrtGraph
 
     for artifact in artifacts:
         shutil.copy2(artifact, out / artifact.name)
-    graphs = {g: OrtGraph(onnx_dir / f"{g}.onnx", "cpu") for g in ("encoder", "decoder_step")}
+    # the engine answers every text: the ONNX loop's graphs are never called, so none is opened
+    graphs = dict.fromkeys(("encoder", "decoder_step"))
     model = KINDS[served["kind"]](run.name, 0, out, {"serving": served}, graphs, Limits.of(served["limits"]))
     model.open_engine("cpu", 0)
     rows, hyps, began = model.limits.rows, [], time.perf_counter()
@@ -210,6 +245,7 @@ def score(run, served: dict, onnx_dir: Path, artifacts: list[Path], out: Path, i
         texts = np.array([it["src_text"] for it in items[at : at + rows]], dtype=object)
         hyps += [str(t) for t in model.infer({"text": texts}, {})["translation"][0]]
     seconds = time.perf_counter() - began  # printed, not recorded: the version's files stay deterministic
-    print(f"{run.name}: CTranslate2 translated {len(items)} test sentences in {seconds:.1f} s")
+    print(f"{run.name}: CTranslate2 ({served['ctranslate2']['compute_type']}) translated {len(items)} "
+          f"test sentences in {seconds:.1f} s")
     metrics = score_beam(items, hyps, served["beam"], run.evaluate.get("min_source", 100))
     return {k: v for k, v in metrics.items() if k not in ("signature", "by_source")}

@@ -204,7 +204,8 @@ def model_card(meta: dict, served: dict | None) -> str:
     lines = [f"# {name}, version {version}", "",
              f"`{meta['arch']}` on `{meta['task']}`, after {task.card.get('paper', 'no paper named')}. Published by "
              f"attnzoo from commit `{meta.get('git_commit', 'unknown')}`. Precision: "
-             + (f"int8 (onnxruntime dynamic quantisation of `{meta['fp32_model']}` version {meta['fp32_version']})."
+             + (f"int8 ({'the engine below with int8 weights; the graphs: ' if meta.get('engine') else ''}"
+                f"onnxruntime dynamic quantisation of `{meta['fp32_model']}` version {meta['fp32_version']})."
                 if int8 else "fp32."),
              "", "## Intended use", "",
              "A reproduction of a classic attention model, for study, comparison and as a reference deployment. It "
@@ -221,18 +222,23 @@ def model_card(meta: dict, served: dict | None) -> str:
               "every bar met). "
               f"ONNX vs PyTorch parity of the fp32 graphs: {'passed' if meta.get('parity_passed') else 'FAILED'}."]
     engine = meta.get("engine")
-    if engine:  # served by another engine than the graphs: its own parity and scores
-        p, m = engine["parity"], engine["metrics"]
-        lines.append(f"Served by {engine['name']} (the model converted from the same checkpoint): parity with "
-                     f"PyTorch {'passed' if p['passed'] else 'FAILED'} on {p['items']} test sentences "
-                     f"(log-probabilities within {p['max_logp_diff']:.1e}, greedy tokens identical on "
-                     f"{p['greedy_identical']}); what it "
+    if engine:  # served by another engine than the graphs: its own parity (int8: its gate) and scores
+        p, m = engine.get("parity"), engine["metrics"]
+        check = (f"parity with PyTorch {'passed' if p['passed'] else 'FAILED'} on {p['items']} test sentences "
+                 f"(log-probabilities within {p['max_logp_diff']:.1e}, greedy tokens identical on "
+                 f"{p['greedy_identical']})" if p else
+                 f"int8 weights ({engine['serving']['compute_type']}), gate against fp32 "
+                 f"{'passed' if engine['gate']['passed'] else 'NOT passed'}")
+        lines.append(f"Served by {engine['name']} (the model converted from the same checkpoint): {check}; what it "
                      f"answers scores BLEU {m['bleu_beam']} (beam {m['beam']}), bar "
                      f"{'met' if engine['bar']['passed'] else 'NOT met'}.")
     if int8:
-        rows = ", ".join(f"{c['metric']} {c['fp32']} → {c['int8']}" for c in meta["int8_gate"]["conditions"]) \
-            or meta["int8_gate"].get("note", "")
-        lines.append(f"int8 gate (worse than fp32 by at most {meta['int8_gate']['tolerance']}): passed ({rows}).")
+        gates = [("the graphs'", meta["int8_gate"])] + ([(f"{engine['name']}'s", engine["gate"])]
+                                                       if engine and "gate" in engine else [])
+        for whose, g in gates:
+            rows = ", ".join(f"{c['metric']} {c['fp32']} → {c['int8']}" for c in g["conditions"]) or g.get("note", "")
+            lines.append(f"int8 gate of {whose} variant (worse than fp32 by at most {g['tolerance']}): "
+                         f"passed ({rows}).")
     limits = meta.get("serving", {}).get("limits") or {}
     lines += ["", "## Limits", "", "A request over one of these is refused with HTTP 413: "
               + ", ".join(f"{k} {v}" for k, v in sorted(limits.items())) + "." if limits else "Server defaults."]
@@ -332,7 +338,7 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
         if run.engine == "ctranslate2":
             from pipeline import ctranslate2_engine
 
-            fp32_serving, record = ctranslate2_engine.build(run, serving, onnx_dir, artifacts, Path(scratch))
+            fp32_serving, record = ctranslate2_engine.build(run, serving, artifacts, Path(scratch))
             engine, engine_dir = {"engine": record}, Path(scratch) / ctranslate2_engine.ENGINE_DIR
             promote = promote and record["bar"]["passed"]  # what it serves meets the bar too
         meta, created = write_version(
@@ -389,12 +395,19 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
         shown = report_path.relative_to(root) if report_path.is_relative_to(root) else report_path
         return {"model": name, "published": False, "reason": f"{why} ({shown})"}
     bar = check_bar(report["metrics"], run.bar or [])
+    served, engine, engine_dir = serving, {}, None
+    record = report.get("engine")
+    if record and record["gate"]["passed"]:  # served by the engine's own int8 model (quantize@ scored it)
+        served = {**serving, "engine": record["name"], record["name"]: record["serving"]}
+        engine = {"engine": {**record, "bar": check_bar(record["metrics"], run.bar or [])}}
+        engine_dir = run.run_dir / "int8" / record["serving"]["folder"]
+        promote = promote and engine["engine"]["bar"]["passed"]
     meta, created = write_version(
-        repo, name, run.run_dir / "int8", serving,
+        repo, name, run.run_dir / "int8", served,
         {**lineage, "precision": "int8", "fp32_model": run.name, "fp32_version": fp32_version,
-         "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"],
+         "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"], **engine,
          "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
-        artifacts)
+        artifacts, engine_dir)
     if register and (created or "mlflow_version" not in meta):
         _register(run, root, meta, meta["production"])
     return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}

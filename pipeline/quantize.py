@@ -15,6 +15,10 @@ The variant is scored on what a server answers: an output the loop does not retu
 ``bits``) comes from the server's own model (``serving/kinds``) over the same graphs. A task whose
 evaluation needs what neither computes (a PyTorch-only method) cannot score the variant; the stage
 then records why in ``int8_metrics.json`` (gate not passed) instead of failing the pipeline.
+
+An entry served by another engine (``engine: ctranslate2``) also gets that engine's own int8
+conversion (``runs/<model>/int8/ctranslate2``), scored the same way and gated on its own
+(``engine`` in ``int8_metrics.json``): the int8 variant is served by it when both gates pass.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, UserError, at_run_dir, load_params, resolve
+from pipeline.config import RunConfig, UserError, at_run_dir, load_params, read_manifest, resolve
 from pipeline.graphs import run_loop
 from pipeline.tasks import get_task
 from serving.runtime import OrtGraph
@@ -192,6 +196,19 @@ def gate(fp32: dict, int8: dict, bar: list[dict], tolerance: float) -> dict:
             "conditions": conditions, **({} if conditions else {"note": "no quality bar to compare on"})}
 
 
+def engine_int8(run: RunConfig, model, graphs: list[str], out_dir: Path, fp32: dict, tolerance: float) -> dict:
+    """For an entry served by another engine than the graphs (``engine:`` in params.yaml): that engine's
+    own int8 conversion in ``out_dir``, scored on the test set as the server answers and gated against
+    fp32 like the graphs. ``publish`` serves the int8 variant on it when both gates pass."""
+    from pipeline import ctranslate2_engine
+    from pipeline.serving_meta import limits, serving_meta
+
+    serving = {**serving_meta(model.cfg, graphs, run), "limits": limits(run)}
+    artifacts = [run.data_dir / a for a in read_manifest(run.data_dir).get("artifacts", [])]
+    record = ctranslate2_engine.build_int8(model, run, serving, artifacts, out_dir)
+    return {**record, "gate": gate(fp32, record["metrics"], run.bar or [], tolerance)}
+
+
 def settings(name: str, params: dict | None = None) -> dict:
     """``params.yaml`` ``quantize`` for one model entry: its op types and its tolerance."""
     block = (params if params is not None else load_params()).get("quantize") or {}
@@ -228,10 +245,14 @@ def quantize(run: RunConfig, conf: dict) -> dict:
         "gate": result_gate,
         "metrics": int8,
     }
+    if run.engine != "onnxruntime":
+        report["engine"] = engine_int8(run, model, graphs, out_dir, fp32, conf["tolerance"])
     (run.run_dir / "int8_metrics.json").write_text(json.dumps(report, indent=1))
+    engine_metrics = report.get("engine", {}).get("metrics", {})
     with tracking.run(run.name, "quantize") as mlflow:
         mlflow.log_metrics({"int8_gate_passed": float(result_gate["passed"]), "int8_eval_seconds": seconds,
-                            **{f"int8_{k}": v for k, v in int8.items()}})
+                            **{f"int8_{k}": v for k, v in int8.items()},
+                            **{f"int8_engine_{k}": v for k, v in engine_metrics.items() if isinstance(v, (int, float))}})
         mlflow.log_artifact(str(run.run_dir / "int8_metrics.json"))
     return report
 

@@ -79,7 +79,8 @@ class ServedModel(ABC):
 
     def open_engine(self, provider: str = "auto", threads: int = 0) -> None:
         """Start what runs beside the graphs on this machine (an engine of its own); the graphs'
-        sessions are already made. ``provider`` and ``threads`` as the graphs got them."""
+        sessions are already made. ``provider`` as the graphs got it; ``threads``: the server's
+        ``--ort-threads`` (0: one per core), whole searches' threads, not a loop's."""
         return None  # the graphs are all most kinds run
 
     @abstractmethod

@@ -132,3 +132,77 @@ def test_a_server_refuses_an_engine_folder_outside_the_version_or_changed(reposi
         f.write(b"\0")
     with pytest.raises(ValueError, match="model.bin is missing or differs"):
         check_version(bad)
+
+
+def test_the_int8_variant_is_served_by_ctranslate2_when_its_gate_passed(converted, repository, smoke_translation,
+                                                                        tmp_path):
+    """quantize@'s int8 conversion (int8 weights), scored on what the server answers, and publish's
+    `<name>-int8` served by it; with its gate failed the variant is the int8 graphs' alone."""
+    from pipeline.publish import publish_int8
+    from pipeline.quantize import gate
+    from pipeline.tasks.translation_de_en import score_beam
+
+    bar = [{"metric": "bleu_beam", "op": ">=", "value": 0.0}]
+    run = SimpleNamespace(name="t", task="translation_de_en", data_dir=smoke_translation, evaluate={"beam": 4},
+                          run_dir=tmp_path / "runs" / "t", bar=bar)
+    serving = {**serving_meta(converted.model.cfg, ["decoder_step", "encoder"], run), "limits": {}}
+    artifacts = [smoke_translation / "spm.de.model", smoke_translation / "spm.en.model"]
+    before = {k: v.clone() for k, v in converted.model.state_dict().items()}
+    record = engine.build_int8(converted.model, run, serving, artifacts, run.run_dir / "int8")
+    # the conversion quantises its own copies: the model's weights are untouched
+    assert all(torch.equal(v, before[k]) for k, v in converted.model.state_dict().items())
+    assert record["serving"] == {"folder": engine.ENGINE_DIR, "compute_type": "int8", "cpu_threads": 1}
+    folder = run.run_dir / "int8" / engine.ENGINE_DIR
+    # int8 weights: the matrices take a byte each instead of four; the two position tables (1,024 x 32
+    # floats each, 64% of this tiny fp32 model) stay float
+    assert (folder / "model.bin").stat().st_size < 0.6 * (converted.folder / "model.bin").stat().st_size
+    export_onnx(converted.model, run.run_dir / "int8")  # stands for the int8 graphs: publish copies what is there
+    fp32 = {"bleu_beam": record["metrics"]["bleu_beam"]}
+
+    def publish_with(engine_passed: bool, name: str) -> dict:
+        report = {"quantization": {"method": "dynamic", "weights": "int8"}, "metrics": fp32,
+                  "gate": gate(fp32, fp32, bar, 0.5),
+                  "engine": {**record, "gate": {**gate(fp32, record["metrics"], bar, 0.5), "passed": engine_passed}}}
+        (run.run_dir / "int8_metrics.json").write_text(json.dumps(report))
+        run.name = name
+        return publish_int8(run, tmp_path, serving, {"arch": "transformer", "task": run.task}, artifacts,
+                            fp32_version=2, promote=True, repository=tmp_path / "model_repository", register=False)
+
+    assert publish_with(True, "t")["published"]
+    meta = json.loads((tmp_path / "model_repository" / "t-int8" / "1" / "metadata.json").read_text())
+    assert meta["serving"]["engine"] == "ctranslate2" and meta["serving"]["ctranslate2"]["compute_type"] == "int8"
+    assert meta["engine"]["bar"]["passed"] and meta["production"]
+    card = (tmp_path / "model_repository" / "t-int8" / "1" / "MODEL_CARD.md").read_text()
+    assert "Served by ctranslate2" in card and "int8 weights (int8), gate against fp32 passed" in card
+    assert "int8 gate of ctranslate2's variant" in card
+    check_version(tmp_path / "model_repository" / "t-int8" / "1")
+    client = LocalClient(tmp_path / "model_repository", threads=2)
+    texts = [it["src_text"] for it in converted.items]
+    served = client.infer("t-int8", {"text": texts})["translation"].tolist()
+    assert client.loaded[("t-int8", 1)][0].engine.threads == 1  # the version's cpu_threads below the client's 2
+    # the metrics quantize@ records are those of what the published variant answers: CTranslate2's own
+    # int8 decoding of the converted folder, in the server's chunks
+    rescored = score_beam(converted.items, served, 4, 100)
+    assert {k: rescored[k] for k in record["metrics"]} == record["metrics"] and len(set(served)) > 5
+    import ctranslate2
+    import sentencepiece as spm
+
+    from serving.decode import search_options
+    from serving.kinds.translation import BEAM_ROWS
+
+    options, size = search_options(serving), BEAM_ROWS // 4
+    de, en = (spm.SentencePieceProcessor(model_file=str(smoke_translation / f"spm.{s}.model")) for s in ("de", "en"))
+    translator = ctranslate2.Translator(str(folder), compute_type="int8", intra_threads=1)
+    own = [r for at in range(0, len(texts), size) for r in translator.translate_batch(
+        [de.encode(text, out_type=str) + ["</s>"] for text in texts[at : at + size]], beam_size=4,
+        length_penalty=options["length_penalty"], no_repeat_ngram_size=options["no_repeat_ngram"],
+        max_decoding_length=serving["max_len"], min_decoding_length=0)]
+    assert served == [en.decode_pieces(r.hypotheses[0]) for r in own]
+    assert publish_with(False, "u")["published"]
+    meta = json.loads((tmp_path / "model_repository" / "u-int8" / "1" / "metadata.json").read_text())
+    assert "engine" not in meta["serving"] and "engine" not in meta
+    assert not (tmp_path / "model_repository" / "u-int8" / "1" / engine.ENGINE_DIR).exists()
+    # the int8 graphs answer it (here the fp32 graphs stand in for them: the ONNX loop's answers)
+    alone = LocalClient(tmp_path / "model_repository", threads=1).infer("u-int8", {"text": texts})
+    assert alone["translation"].tolist() == LocalClient(repository, threads=1).infer(
+        "onnx", {"text": texts})["translation"].tolist()

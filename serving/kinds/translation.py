@@ -63,7 +63,9 @@ class TranslationModel(ServedModel):
     def open_engine(self, provider: str = "auto", threads: int = 0) -> None:
         engine = self.serving.get("engine", "onnxruntime")
         if engine == "ctranslate2":
-            self.engine = CT2Engine(self.folder / self.serving["ctranslate2"]["folder"], provider, threads)
+            ct2 = self.serving["ctranslate2"]
+            self.engine = CT2Engine(self.folder / ct2["folder"], provider, threads, ct2.get("compute_type", "float32"),
+                                    ct2.get("cpu_threads"))
         elif engine != "onnxruntime":
             raise ValueError(f"engine {engine!r} is not known to this server (known: onnxruntime, ctranslate2); "
                              "upgrade the server")
@@ -147,9 +149,13 @@ class TranslationModel(ServedModel):
 class CT2Engine:
     """``ctranslate2.Translator`` over a version's converted model: the search of
     :func:`serving.decode.beam_search_batch` (its ranking, stopping rule and n-best scores), greedy
-    decoding as beam 1 (no scores, as the ONNX loop), in chunks of :data:`BEAM_ROWS` hypotheses."""
+    decoding as beam 1 (no scores, as the ONNX loop), in chunks of :data:`BEAM_ROWS` hypotheses.
+    ``compute_type`` as the version was converted: ``float32``, or ``int8`` (int8 weights, an int8
+    variant's); ``cpu_threads``: the most intra-op threads the version runs on the CPU (int8: one,
+    measured fastest), below the server's ``threads``."""
 
-    def __init__(self, folder: Path, provider: str, threads: int):
+    def __init__(self, folder: Path, provider: str, threads: int, compute_type: str = "float32",
+                 cpu_threads: int | None = None):
         try:
             import ctranslate2
         except ImportError as err:
@@ -158,10 +164,14 @@ class CT2Engine:
         cuda = provider != "cpu" and ctranslate2.get_cuda_device_count() > 0
         if provider == "cuda" and not cuda:
             raise RuntimeError("CUDA requested but CTranslate2 sees no CUDA device here")
-        # fp32 as converted; intra_threads as the ONNX graphs' (0: one per core); one translation at a time
+        # the precision it was converted to; intra_threads: the server's --ort-threads (0: one per core),
+        # at most the version's cpu_threads on the CPU; one translation at a time
+        self.threads = threads or os.cpu_count() or 1
+        if not cuda and cpu_threads:
+            self.threads = min(self.threads, cpu_threads)
         self.translator = ctranslate2.Translator(str(folder), device="cuda" if cuda else "cpu",
-                                                 compute_type="float32", inter_threads=1,
-                                                 intra_threads=threads or os.cpu_count() or 1)
+                                                 compute_type=compute_type, inter_threads=1,
+                                                 intra_threads=self.threads)
         self.device = "cuda" if cuda else "cpu"
         self.source = json.loads((folder / "source_vocabulary.json").read_text())  # pieces by id
         self.index = {p: i for i, p in enumerate(json.loads((folder / "target_vocabulary.json").read_text()))}
