@@ -12,7 +12,9 @@ unchanged recipe at the same steps (e.g. ``runs/transformer`` at its 6,000) inst
         --only recipe "dropout 0" --recipe-run runs/transformer --json docs/transformer_recipe.json
 
 Each prints its table; ``--json`` keeps one comparison per step budget in the file, which
-docs/results.md shows ("The Transformer's recipe", checked by tests/test_results_doc.py).
+docs/results.md shows ("The Transformer's recipe", checked by tests/test_results_doc.py). A
+comparison measured on an earlier recipe says how that recipe differed (``base``): its rows name
+one change each from it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ MODEL = "transformer"
 # The recipe (params.yaml) and one change each: the label names what differs.
 VARIANTS = {
     "recipe": {},
-    "dropout 0": {"dropout": 0.0},
+    "dropout 0.1": {"dropout": 0.1},
     "label smoothing 0": {"label_smoothing": 0.0},
     "inverse square root": {"schedule": "inverse_sqrt"},
 }
@@ -74,13 +76,16 @@ def measure(run: Path, scores: Path, beam: int) -> dict:
             "val_token_acc": round(float(best["val_token_acc"]), 4), **json.loads(scores.read_text())}
 
 
-def table(rows: dict) -> str:
-    """The comparison as docs/results.md prints it: each variant against the recipe's row."""
-    base = rows["recipe"]
+def table(rows: dict, base: dict | None = None) -> str:
+    """The comparison as docs/results.md prints it: each variant against the recipe's row. ``base``: how
+    the recipe then differed from params.yaml's (a comparison measured before the recipe changed)."""
+    first = rows["recipe"]
     lines = ["| variant | val loss | token accuracy | val BLEU beam | Δ BLEU | chrF | training |",
              "|---|---|---|---|---|---|---|"]
     for label, r in rows.items():
-        delta = "—" if label == "recipe" else f"{r['bleu'] - base['bleu']:+.2f}"
+        delta = "—" if label == "recipe" else f"{r['bleu'] - first['bleu']:+.2f}"
+        if label == "recipe" and base:
+            label = "recipe with " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in base.items())
         m, s = divmod(round(r["train_seconds"]), 60)
         lines.append(f"| {label} | {r['val_loss']:.3f} | {100 * r['val_token_acc']:.1f} % | {r['bleu']:.2f} "
                      f"| {delta} | {r['chrf']:.2f} | {m} min {s:02d} s |")
@@ -92,7 +97,7 @@ def keep(path: Path, steps: int, beam: int, rows: dict) -> None:
     from bench_inference import machine
 
     kept = json.loads(path.read_text()) if path.exists() else {"split": "val", "comparisons": []}
-    others = [c for c in kept["comparisons"] if c["steps"] != steps]
+    others = [c for c in kept["comparisons"] if c["steps"] != steps]  # a base of its own stays with its budget
     kept["comparisons"] = sorted([*others, {"steps": steps, "beam": beam, "machine": machine(), "rows": rows}],
                                  key=lambda c: c["steps"])
     path.write_text(json.dumps(kept, indent=1) + "\n")

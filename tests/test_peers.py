@@ -85,14 +85,17 @@ def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
     a, b = ({"val_loss": 2.5, "bleu": 24.0, "chrf": 49.0, "val_token_acc": 0.53, "train_seconds": 972.8},
             {"val_loss": 1.8, "bleu": 36.0, "chrf": 60.0, "val_token_acc": 0.65, "train_seconds": 2949.7})
     transformer_recipe.keep(path, 6000, 5, {"recipe": a})
-    transformer_recipe.keep(path, 2000, 5, {"recipe": a, "dropout 0": b})
+    transformer_recipe.keep(path, 2000, 5, {"recipe": a, "dropout 0.1": b})
     transformer_recipe.keep(path, 6000, 5, {"recipe": b})  # a budget measured again replaces its comparison
     kept = json.loads(path.read_text())
     assert [c["steps"] for c in kept["comparisons"]] == [2000, 6000]
     assert kept["comparisons"][1]["rows"] == {"recipe": b}
     lines = transformer_recipe.table(kept["comparisons"][0]["rows"]).splitlines()
     assert lines[2] == "| recipe | 2.500 | 53.0 % | 24.00 | — | 49.00 | 16 min 13 s |"
-    assert lines[3] == "| dropout 0 | 1.800 | 65.0 % | 36.00 | +12.00 | 60.00 | 49 min 10 s |"
+    assert lines[3] == "| dropout 0.1 | 1.800 | 65.0 % | 36.00 | +12.00 | 60.00 | 49 min 10 s |"
+    # a comparison measured on an earlier recipe names how that recipe differed
+    lines = transformer_recipe.table({"recipe": a, "dropout 0": b}, {"dropout": 0.1}).splitlines()
+    assert lines[2].startswith("| recipe with dropout 0.1 | 2.500 |") and lines[3].startswith("| dropout 0 |")
     # a finished recipe run of another budget is refused, not compared
     run = tmp_path / "run"
     run.mkdir()

@@ -274,6 +274,8 @@ def test_the_transformer_recipe_tables_are_the_committed_comparisons():
     section = DOC.read_text().split("### The Transformer's recipe", 1)[1].split("\n### ", 1)[0]
     assert kept["comparisons"]
     for comparison in kept["comparisons"]:
-        assert list(comparison["rows"])[0] == "recipe" and set(comparison["rows"]) <= set(VARIANTS)
-        assert table(comparison["rows"]) in section, comparison["steps"]
+        assert list(comparison["rows"])[0] == "recipe"
+        # rows of today's recipe are the script's variants; an earlier recipe's name one change from it
+        assert comparison.get("base") or set(comparison["rows"]) <= set(VARIANTS)
+        assert table(comparison["rows"], comparison.get("base")) in section, comparison["steps"]
         assert f"{comparison['steps']:,} steps" in section
