@@ -6,10 +6,10 @@ fp32 and int8, on 1 and 2 threads:
 
 * ``ctranslate2``: ``ctranslate2.Translator`` on attnzoo's weights converted by
   ``scripts/peers/ctranslate2_convert.py`` (int8: CTranslate2's own int8 quantisation);
-* ``onnx``: ``serving.client.LocalClient`` on the newest version served by ONNX Runtime (the server's
-  decoding loop in this process; int8: the published ``transformer-int8`` variant);
-* ``attnzoo-ct2``: the same through the version ``publish`` made for CTranslate2 (``engine:
-  ctranslate2``; fp32), where the repository has one;
+* ``onnx``: ``serving.client.LocalClient`` on the newest published version (``transformer``, int8:
+  ``transformer-int8``) with ONNX Runtime: the server's decoding loop over its graphs, in this process;
+* ``attnzoo-ct2``: the same version as published, served by CTranslate2 (``engine: ctranslate2``),
+  where it is;
 * ``server`` / ``server-ct2``: those versions through ``attnzoo serve`` on loopback, one request of
   ``batch`` texts at a time.
 
@@ -21,7 +21,7 @@ Reports sentences/s per cell, each figure the median of ``--repeats`` runs taken
 engine translated two sentences (loading), and the share of sentences whose output equals the ONNX
 loop's at the same precision.
 
-    python scripts/peers/decode_bench.py --ct2 CT2_DIR --ct2-int8 CT2_INT8_DIR [--sentences N] [--json OUT]
+    python scripts/peers/decode_bench.py [--ct2 CT2_DIR] [--ct2-int8 CT2_INT8_DIR] [--sentences N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -97,12 +97,30 @@ class Served(Local):
         self.client, self.name, self.version = Client(url), name, version
 
 
-def newest_by_engine(repository: Path, name: str) -> dict[str, int]:
-    """{engine: the newest version of ``name`` it serves} (``onnxruntime`` unless the serving block names another)."""
-    found: dict[str, int] = {}
-    for meta_path in sorted((repository / name).glob("*/metadata.json"), key=lambda p: int(p.parent.name)):
-        found[json.loads(meta_path.read_text())["serving"].get("engine", "onnxruntime")] = int(meta_path.parent.name)
-    return found
+def newest(repository: Path, name: str) -> Path:
+    """The newest published version of ``name``."""
+    found = sorted((repository / name).glob("*/metadata.json"), key=lambda p: int(p.parent.name))
+    if not found:
+        raise SystemExit(f"{repository / name} holds no version: run `dvc repro publish@{MODEL}` first")
+    return found[-1].parent
+
+
+def side_by_side(repository: Path, name: str, out: Path) -> dict[str, int]:
+    """A repository in ``out`` holding the newest version of ``name`` twice, so that both engines decode
+    the same weights: as published (version 2, its engine) and with the engine left out of its serving
+    block (version 1: the ONNX Runtime loop over the same version's graphs). {engine: version}."""
+    import shutil
+
+    source = newest(repository, name)
+    meta = json.loads((source / "metadata.json").read_text())
+    engine = meta["serving"].get("engine", "onnxruntime")
+    shutil.copytree(source, out / name / "1")
+    if engine == "onnxruntime":
+        return {"onnxruntime": 1}
+    shutil.copytree(source, out / name / "2")
+    meta["serving"] = {k: v for k, v in meta["serving"].items() if k not in ("engine", engine)}
+    (out / name / "1" / "metadata.json").write_text(json.dumps(meta))  # not among the files a server verifies
+    return {"onnxruntime": 1, engine: 2}
 
 
 def free_port() -> int:
@@ -138,22 +156,23 @@ def run(engine, texts: list[str], size: int) -> tuple[float, list[str]]:
     return time.perf_counter() - start, out
 
 
-def bench(args) -> list[dict]:
+def bench(args, scratch: Path) -> list[dict]:
     rows = []
     texts = test_texts(args.sentences)
     for threads in args.threads:
         for precision in args.precisions:
             ct2_dir = args.ct2 if precision == "fp32" else args.ct2_int8
             name = MODEL if precision == "fp32" else f"{MODEL}-int8"
-            versions = newest_by_engine(args.repository, name)
+            repository = scratch / f"{name}-{threads}"
+            versions = side_by_side(args.repository, name, repository)
             engines = {"ctranslate2": CT2(ct2_dir, threads, "float32" if precision == "fp32" else "int8",
                                           args.beam, args.max_len),
-                       "onnx": Local(args.repository, name, threads, versions["onnxruntime"])}
-            if "ctranslate2" in versions:  # the version publish made for CTranslate2 (`engine: ctranslate2`)
-                engines["attnzoo-ct2"] = Local(args.repository, name, threads, versions["ctranslate2"])
+                       "onnx": Local(repository, name, threads, versions["onnxruntime"])}
+            if "ctranslate2" in versions:  # served by CTranslate2 as published (`engine: ctranslate2`)
+                engines["attnzoo-ct2"] = Local(repository, name, threads, versions["ctranslate2"])
             server = None
             if {"server", "server-ct2"} & set(args.engines):
-                server, url = start_server(args.repository, threads)
+                server, url = start_server(repository, threads)
                 engines["server"] = Served(url, name, versions["onnxruntime"])
                 if "ctranslate2" in versions:
                     engines["server-ct2"] = Served(url, name, versions["ctranslate2"])
@@ -187,8 +206,10 @@ def bench(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ct2", type=Path, required=True, help="CTranslate2 model of the fp32 weights")
-    ap.add_argument("--ct2-int8", type=Path, help="CTranslate2 model quantised to int8 (default: --ct2)")
+    ap.add_argument("--ct2", type=Path, help="CTranslate2 model of the fp32 weights (default: the newest "
+                                              f"{MODEL} version's ctranslate2/ folder)")
+    ap.add_argument("--ct2-int8", type=Path, help="CTranslate2 model with int8 weights (default: the newest "
+                                                   f"{MODEL}-int8 version's ctranslate2/ folder)")
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     ap.add_argument("--engines", nargs="+", default=["ctranslate2", "onnx", "server", "server-ct2"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
@@ -200,11 +221,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
-    args.ct2_int8 = args.ct2_int8 or args.ct2
+    args.ct2 = args.ct2 or newest(args.repository, MODEL) / "ctranslate2"
+    args.ct2_int8 = args.ct2_int8 or newest(args.repository, f"{MODEL}-int8") / "ctranslate2"
+    for folder in {args.ct2, args.ct2_int8}:
+        if not (folder / "model.bin").exists():
+            ap.error(f"{folder} is no CTranslate2 model: convert one with scripts/peers/ctranslate2_convert.py "
+                     "and pass it with --ct2 / --ct2-int8")
     if {"ctranslate2", "attnzoo-ct2"} <= set(args.engines):
         ap.error("run --engines ctranslate2 and attnzoo-ct2 in separate invocations (one CTranslate2 model a process)")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
-    rows = bench(args)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        rows = bench(args, Path(scratch))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
 
