@@ -248,11 +248,11 @@ def quantize(run: RunConfig, conf: dict) -> dict:
     if run.engine != "onnxruntime":
         report["engine"] = engine_int8(run, model, graphs, out_dir, fp32, conf["tolerance"])
     (run.run_dir / "int8_metrics.json").write_text(json.dumps(report, indent=1))
-    engine_metrics = report.get("engine", {}).get("metrics", {})
+    engine = {f"int8_engine_{k}": v for k, v in report.get("engine", {}).get("metrics", {}).items()
+              if isinstance(v, (int, float))}
     with tracking.run(run.name, "quantize") as mlflow:
         mlflow.log_metrics({"int8_gate_passed": float(result_gate["passed"]), "int8_eval_seconds": seconds,
-                            **{f"int8_{k}": v for k, v in int8.items()},
-                            **{f"int8_engine_{k}": v for k, v in engine_metrics.items() if isinstance(v, (int, float))}})
+                            **{f"int8_{k}": v for k, v in int8.items()}, **engine})
         mlflow.log_artifact(str(run.run_dir / "int8_metrics.json"))
     return report
 
