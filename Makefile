@@ -3,7 +3,7 @@ VENV ?= .venv
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup repro quickstart test lint
+.PHONY: setup repro quickstart test test-fast lint
 setup: $(VENV)/.setup-done
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh requirements.lock requirements-gpu.lock requirements-nodeps.lock
 	bash scripts/setup.sh
@@ -16,6 +16,10 @@ quickstart: setup   ## three real models through the whole pipeline, then answer
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
 	python -m pytest -q --durations=25; status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$status
+
+test-fast: setup     ## the unit tests: no process started, no server, no end-to-end run (a few minutes)
+	ATTNZOO_TEST_FAST=1 python -m pytest -q -m "not slow and not integration" --durations=10; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$status
 
 lint: setup

@@ -166,6 +166,61 @@ def resolve(
     )
 
 
+@dataclass
+class TuneBudget:
+    """Ray Tune's budget for one entry: ``params.yaml`` ``tune``, then the entry's own ``tune``."""
+
+    num_samples: int     # repeats of the grid; sampled (non-grid) dimensions draw this many
+    max_steps: int       # each trial's training steps
+    eval_every: int      # steps between a trial's validations (ASHA's rungs)
+    grace_period: int    # validations before ASHA may stop a trial
+    cpus_per_trial: int
+
+
+@dataclass
+class QuantizeSettings:
+    """``quantize@``'s recipe for one entry: ``params.yaml`` ``quantize`` (``tolerance_by_model`` over
+    ``tolerance``)."""
+
+    op_types: list[str]  # the op types onnxruntime's dynamic quantisation converts
+    tolerance: float     # the most int8 may be worse than fp32 on each bar metric, in its own unit
+
+
+def _block(cls, values: dict, where: str):
+    """``cls`` from a params.yaml block, with one sentence naming a missing or unknown key."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    missing = [n for n in names if n not in values]
+    if unknown or missing:
+        raise UserError(f"params.yaml {where}: " + "; ".join(
+            ([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
+            + ([f"missing {', '.join(missing)}"] if missing else [])) + f" (its keys: {', '.join(names)})")
+    return cls(**values)
+
+
+def tune_budget(name: str, params: dict) -> TuneBudget:
+    entry = (params.get("models") or {}).get(name) or {}
+    return _block(TuneBudget, {**(params.get("tune") or {}), **(entry.get("tune") or {})},
+                  f"tune (with models.{name}.tune)")
+
+
+def quantize_settings(name: str, params: dict) -> QuantizeSettings:
+    block = dict(params.get("quantize") or {})
+    by_model = block.pop("tolerance_by_model", None) or {}
+    if name in by_model:
+        block["tolerance"] = by_model[name]
+    settings = _block(QuantizeSettings, block, "quantize")
+    return dataclasses.replace(settings, op_types=list(settings.op_types), tolerance=float(settings.tolerance))
+
+
+def repro_resources(params: dict) -> dict[str, dict]:
+    """``params.yaml`` ``repro.resources``: the Ray task options of each stage kind (``default`` for the rest)."""
+    resources = ((params.get("repro") or {}).get("resources")) or {}
+    if "default" not in resources:
+        raise UserError("params.yaml repro.resources needs a `default` entry (e.g. default: {num_cpus: 1})")
+    return resources
+
+
 def results_dir(run: RunConfig) -> Path:
     """Where a stage writes a run's rows for the task report: ``results/<task>/`` beside ``runs/``
     for the pipeline's own run folder (``runs/<name>``), inside the folder otherwise (an ad-hoc

@@ -176,9 +176,9 @@ def build(run, serving: dict, artifacts: list[Path], out: Path) -> tuple[dict, d
     Returns (the version's serving block, with the engine; the engine's record: parity, metrics, bar).
     Raises UserError when CTranslate2 and PyTorch disagree (nothing is published then).
     """
+    from pipeline.bars import check_bar
     from pipeline.checkpoint import load_model
     from pipeline.config import UserError
-    from pipeline.evaluate import check_bar
     from pipeline.tasks import get_task
 
     model, _ = load_model(run.run_dir / "checkpoint" / "best")

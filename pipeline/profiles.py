@@ -69,7 +69,7 @@ def apply(params: dict, profile: dict, keep: list[str] | None = None) -> dict:
 
 def default_workdir(name: str) -> Path:
     """``$ATTNZOO_CACHE/profiles/NAME`` (``~/.cache/attnzoo/profiles/NAME``): beside the corpus downloads."""
-    from pipeline.corpus.debian import default_cache
+    from pipeline.tasks.translation_de_en.corpus.debian import default_cache
 
     return default_cache() / "profiles" / name
 
@@ -122,7 +122,7 @@ def env_for(workdir: Path) -> dict[str, str]:
 
 def repro_in(workdir: Path, targets: list[str], jobs: int, env: dict[str, str]) -> int:
     """``attnzoo repro --jobs JOBS TARGETS`` run in ``workdir`` (its own code, ``env``); its exit code."""
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", str(jobs), *targets],
+    return subprocess.run([sys.executable, "-m", "pipeline.runner.cli", "repro", "--jobs", str(jobs), *targets],
                           cwd=workdir, env=env).returncode
 
 

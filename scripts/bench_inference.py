@@ -11,7 +11,7 @@ Inputs: a model's graphs come from its newest published version (``model_reposit
 else ``runs/<name>/onnx``), PyTorch from ``runs/<name>/checkpoint/best``, the batches from the task's
 parity cases on the prepared test data: *batch 1* sums the batch-1 cases, *batch 32* is the
 largest case repeated to 32 rows. The int8 graphs are remade here into a temporary folder with the
-recipe of ``quantize@<model>`` (``pipeline.quantize.quantize_graphs``: onnxruntime's dynamic
+recipe of ``quantize@<model>`` (``pipeline.stages.quantize.quantize_graphs``: onnxruntime's dynamic
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
 the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
@@ -196,7 +196,7 @@ def benched(name: str, root: Path) -> tuple[Path, object, dict, dict, dict[int, 
 def int8_graphs(name: str, root: Path, folder: Path, specs: dict, out: Path) -> None:
     """The int8 variant quantize@<name> makes (runs/<name>/int8), remade into ``out`` from ``folder``."""
     from pipeline.config import load_params
-    from pipeline.quantize import quantize_graphs, settings
+    from pipeline.stages.quantize import quantize_graphs, settings
 
     quantize_graphs(folder, list(specs), out, settings(name, load_params(root))["op_types"])
 

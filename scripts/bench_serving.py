@@ -216,58 +216,11 @@ def main() -> None:
                     help="start a second server with these options; both are measured in turn ([A] vs [B])")
     ap.add_argument("--server-args", default="", help="extra `attnzoo serve` options, e.g. '--batch-delay-ms 1'")
     args = ap.parse_args()
-    procs, urls = [], {}
     configs = [("A", args.server_args)] + ([("B", args.compare_args)] if args.compare_args is not None else [])
-    if args.url is not None:
-        urls["A"] = args.url
-    else:
-        from serving.client import Client
-
-        for label, extra in configs:  # both servers up at once: their runs alternate below
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            cmd = [sys.executable, "-m", "serving.server", "--repository", str(args.repository), "--port", str(port),
-                   "--workers", str(args.workers), *extra.split()]
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            urls[label] = f"http://127.0.0.1:{port}"
-            if not Client(urls[label]).wait_ready(60, alive=lambda: procs[-1].poll() is None):
-                raise SystemExit(f"error: the server on {urls[label]} did not become ready in 60 s")
+    procs, urls = ([], {"A": args.url}) if args.url is not None else start_servers(args.repository, args.workers,
+                                                                                      configs)
     try:
-        rows, ratio_lines = [], []
-        generator = {"aiohttp": load, "raw": load_raw, "wrk": load_wrk}[args.client]
-        for model, (what, body) in bodies(args.repository).items():
-            if model not in args.models.split(","):
-                continue
-            n = args.requests if model != "bahdanau" else max(100, args.requests // 10)
-            paths = {label: served_path(url, model) for label, url in urls.items()}
-            runs = {(label, conc): [] for label in urls for conc in (1, 32)}
-            # c1 and c32 (and each server) in turn: a drift of the machine's speed hits them all
-            for _ in range(args.rounds):
-                for conc in (1, 32):
-                    for label, url in urls.items():
-                        r = asyncio.run(generator(f"{url}{paths[label]}/infer", body, n, conc))
-                        runs[label, conc].append(r)
-                        print(f"  [{label}] {model} c{conc}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
-                              f"p99 {r['p99_ms']:.1f} ms, {r['errors']} errors", flush=True)
-            for (label, conc), got in runs.items():
-                rps = sorted(r["rps"] for r in got)
-                med = got[[r["rps"] for r in got].index(rps[len(rps) // 2])]
-                spread = f" ({rps[0]:.0f}–{rps[-1]:.0f})" if len(rps) > 1 else ""
-                tag = f" [{label}]" if len(urls) > 1 else ""
-                rows.append(f"| `{model}`{tag} | {what} | {conc} | {med['rps']:.0f}{spread} | {med['p50_ms']:.1f} | "
-                            f"{med['p99_ms']:.1f} | {sum(r['errors'] for r in got)} |")
-
-            def ratio(a, b, runs=runs):
-                values = sorted(y["rps"] / x["rps"] for x, y in zip(runs[a], runs[b]))
-                return f"{', '.join(f'{v:.2f}' for v in values)} (median {values[len(values) // 2]:.2f}x)"
-
-            for label in urls:
-                ratio_lines.append(f"`{model}` [{label}]: c32 / c1 throughput, round by round: "
-                                   f"{ratio((label, 1), (label, 32))}")
-            if len(urls) > 1:
-                ratio_lines.append(f"`{model}`: [A] c32 / [B] c1, round by round: {ratio(('B', 1), ('A', 32))}; "
-                                   f"[A] c1 / [B] c1: {ratio(('B', 1), ('A', 1))}")
+        rows, ratio_lines = measure(args, urls)
     finally:
         for proc in procs:
             proc.terminate()
@@ -284,6 +237,68 @@ def main() -> None:
         for batch in (1, 32):
             for name, r in inprocess(args.repository, batch, 2000 if batch == 1 else 300).items():
                 print(f"| {name} | {batch} | {r['rows_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+
+
+def start_servers(repository: Path, workers: int, configs: list[tuple[str, str]]) -> tuple[list, dict[str, str]]:
+    """One server per (label, extra options), all up at once: their runs alternate in measure()."""
+    from serving.client import Client
+
+    procs, urls = [], {}
+    for label, extra in configs:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "serving.server", "--repository", str(repository), "--port", str(port),
+               "--workers", str(workers), *extra.split()]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls[label] = f"http://127.0.0.1:{port}"
+        if not Client(urls[label]).wait_ready(60, alive=lambda: procs[-1].poll() is None):
+            for proc in procs:
+                proc.terminate()
+            raise SystemExit(f"error: the server on {urls[label]} did not become ready in 60 s")
+    return procs, urls
+
+
+def measure(args, urls: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The table's rows and the throughput ratios, every model row of ``--models`` on every server."""
+    rows, ratio_lines = [], []
+    generator = {"aiohttp": load, "raw": load_raw, "wrk": load_wrk}[args.client]
+    for model, (what, body) in bodies(args.repository).items():
+        if model not in args.models.split(","):
+            continue
+        n = args.requests if model != "bahdanau" else max(100, args.requests // 10)
+        paths = {label: served_path(url, model) for label, url in urls.items()}
+        runs = {(label, conc): [] for label in urls for conc in (1, 32)}
+        # c1 and c32 (and each server) in turn: a drift of the machine's speed hits them all
+        for _ in range(args.rounds):
+            for conc in (1, 32):
+                for label, url in urls.items():
+                    r = asyncio.run(generator(f"{url}{paths[label]}/infer", body, n, conc))
+                    runs[label, conc].append(r)
+                    print(f"  [{label}] {model} c{conc}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
+                          f"p99 {r['p99_ms']:.1f} ms, {r['errors']} errors", flush=True)
+        for (label, conc), got in runs.items():
+            rps = sorted(r["rps"] for r in got)
+            med = got[[r["rps"] for r in got].index(rps[len(rps) // 2])]
+            spread = f" ({rps[0]:.0f}–{rps[-1]:.0f})" if len(rps) > 1 else ""
+            tag = f" [{label}]" if len(urls) > 1 else ""
+            rows.append(f"| `{model}`{tag} | {what} | {conc} | {med['rps']:.0f}{spread} | {med['p50_ms']:.1f} | "
+                        f"{med['p99_ms']:.1f} | {sum(r['errors'] for r in got)} |")
+        ratio_lines += _ratios(model, runs, urls)
+    return rows, ratio_lines
+
+
+def _ratios(model: str, runs: dict, urls: dict[str, str]) -> list[str]:
+    def ratio(a, b):
+        values = sorted(y["rps"] / x["rps"] for x, y in zip(runs[a], runs[b]))
+        return f"{', '.join(f'{v:.2f}' for v in values)} (median {values[len(values) // 2]:.2f}x)"
+
+    lines = [f"`{model}` [{label}]: c32 / c1 throughput, round by round: {ratio((label, 1), (label, 32))}"
+             for label in urls]
+    if len(urls) > 1:
+        lines.append(f"`{model}`: [A] c32 / [B] c1, round by round: {ratio(('B', 1), ('A', 32))}; "
+                     f"[A] c1 / [B] c1: {ratio(('B', 1), ('A', 1))}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Target tokens per second (non-padding, with EOS) of forward + backward + AdamW steps with bf16
 autocast on the CPU (``--precision fp32``: without), for ``batch_size: 64``
-(``pipeline.train.bucket_batches``) and ``max_tokens`` of 2,048, 4,096 and 8,192
-(``pipeline.train.token_batches``), on the prepared translation data and ``models.transformer``'s
+(``pipeline.training.batches.bucket_batches``) and ``max_tokens`` of 2,048, 4,096 and 8,192
+(``pipeline.training.batches.token_batches``), on the prepared translation data and ``models.transformer``'s
 params.yaml sizes. Each configuration runs until it has trained
 ``--tokens`` target tokens (after one step of warm-up); the configurations run in turn, ``--repeats``
 times, and the median is reported with the minutes one pass over the corpus would take.
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     import models
     from pipeline.config import TrainConfig, resolve
     from pipeline.tasks import get_task
-    from pipeline.train import epoch_batches
+    from pipeline.training.batches import epoch_batches
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=60000, help="target tokens timed per configuration and repeat")

@@ -1,6 +1,6 @@
 """Training-loop benchmarks for docs/benchmarks.md, measured side by side in one run.
 
-1. ``overhead``: the shared loop (``pipeline.train.train``: Accelerate, bucketing, MLflow
+1. ``overhead``: the shared loop (``pipeline.training.loop.train``: Accelerate, bucketing, MLflow
    logging, checkpoints) against a plain PyTorch loop doing the same optimizer steps on the same
    model, batches and schedule. Goal: the shared loop costs ≤ 5 % more wall time.
 2. ``scaling``: samples/s of the shared loop at the same *global* batch with 1 process × 1 thread,
@@ -42,7 +42,7 @@ SPLIT = {"train_size": 4000, "val_size": 64, "test_size": 8}  # enough batches f
 def make_root(work: Path, model: str) -> Path:
     """A params.yaml with the one entry (its own sizes) and its task's data, prepared once."""
     from pipeline.config import load_params
-    from pipeline.prepare import prepare
+    from pipeline.stages.prepare import prepare
 
     params = load_params(ROOT)
     entry = dict(params["models"][model])
@@ -73,7 +73,8 @@ def plain_loop(root: Path, model_name: str, steps: int) -> float:
     import models
     from pipeline.config import resolve
     from pipeline.tasks import get_task
-    from pipeline.train import bucket_batches, lr_lambda
+    from pipeline.training.batches import bucket_batches
+    from pipeline.training.loop import lr_lambda
 
     run = resolve(model_name, root=root, use_tuned=False, overrides=budget(steps))
     cfg = run.train
@@ -108,7 +109,7 @@ def plain_loop(root: Path, model_name: str, steps: int) -> float:
 
 def shared_loop(root: Path, model_name: str, out: Path, steps: int) -> float:
     from pipeline.config import resolve
-    from pipeline.train import train
+    from pipeline.training.loop import train
 
     run = resolve(model_name, root=root, use_tuned=False, overrides=budget(steps))
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """GPU readiness check (run by scripts/gpu_check.sh on a machine with a CUDA device).
 
 1. Parity of every model trained and published in this checkout on the CUDA execution provider: the
-   export stage's own gate (``pipeline.export.parity_check``), twice: as the server runs it (TF32 off,
+   export stage's own gate (``pipeline.stages.export.parity_check``), twice: as the server runs it (TF32 off,
    ``serving.runtime.CUDA_OPTIONS``: fp32 arithmetic, what the gate's fp32 tolerances are for) and
    with TF32 on (onnxruntime's own default, about 1e-3 relative error on Ampere and later GPUs). Each
    row keeps the largest graph-output error and whether the end-to-end outputs (tokens, decisions)
@@ -168,11 +168,11 @@ def published(name: str, root: Path):
 
 def _export_seeded(spec: dict, out: Path) -> float:
     """Export :func:`build` of ``spec`` into ``out`` with the export stage's own
-    ``pipeline.export.export_onnx`` (the graphs the pipeline would publish for that architecture);
+    ``pipeline.stages.export.export_onnx`` (the graphs the pipeline would publish for that architecture);
     returns the seconds it took."""
     import torch
 
-    from pipeline.export import export_onnx
+    from pipeline.stages.export import export_onnx
 
     torch.set_num_threads(1)  # one core per export: the pool runs one per core
     start = time.perf_counter()
@@ -241,7 +241,7 @@ def parity(subjects: dict, specs: dict, provider: str, settings: dict) -> dict[s
     """The export gate on ``provider`` for each of ``subjects`` ({name: (model, graph folder)}), on
     the cases and tolerances of its ``specs`` entry (:func:`entry_cases`), under each of
     ``settings`` (CUDA EP options): {setting: {model: row}} (see :func:`summarise`)."""
-    from pipeline.export import parity_check
+    from pipeline.stages.export import parity_check
 
     out: dict[str, dict[str, dict]] = {setting: {} for setting in settings}
     for name, (model, graphs) in subjects.items():
@@ -337,7 +337,7 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
     log_every = max(1, steps // 10)  # ten logged steps: the steady-state window
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", precision, "--dynamo_backend", "no", *([] if device == "cuda" else ["--cpu"]),
-           "-m", "pipeline.train", "transformer", "--out", str(out_dir),
+           "-m", "pipeline.stages.train", "transformer", "--out", str(out_dir),
            "--set", f"max_steps={steps}", f"eval_every={steps}", f"log_every={log_every}", "epochs=1000"]
     print(" ".join(cmd), file=sys.stderr, flush=True)
     # The checkout first, then whatever PYTHONPATH already holds (packages carried to the machine).

@@ -304,24 +304,83 @@ def _pct(values: list[float]) -> tuple[float | None, float | None]:
     return round(float(np.percentile(a, 50)), 2), round(float(np.percentile(a, 99)), 2)
 
 
+class _Clients:
+    """The clients of one load run: what is left to send, and a tally of what came back."""
+
+    def __init__(self, pool: dict[str, list[bytes]], max_requests: int, soft_end: float, hard_end: float,
+                 host: str, port: int):
+        self.entries = [(cat, msg) for cat in WEIGHTS for msg in pool[cat]]
+        self.cum, total_w = [], 0.0
+        for cat, _ in self.entries:  # a category's weight shared by its variants
+            total_w += WEIGHTS[cat] / len(pool[cat])
+            self.cum.append(total_w)
+        self.left, self.soft_end, self.hard_end, self.host, self.port = max_requests, soft_end, hard_end, host, port
+        self.statuses = {cat: Counter() for cat in WEIGHTS}
+        self.latency = {cat: [] for cat in WEIGHTS if cat.startswith("valid:")}
+        self.odd_bodies = Counter()  # answers whose body is not what the status promises
+        self.no_retry_after = Counter()  # 503 without Retry-After
+        self.reconnects = 0  # connections the server closed (after answering, or a stale keep-alive one)
+
+    async def client(self, rng: random.Random) -> None:
+        loop, conn = asyncio.get_running_loop(), None
+        while self.left > 0 and loop.time() < self.soft_end:
+            self.left -= 1
+            cat, message = rng.choices(self.entries, cum_weights=self.cum)[0]
+            t0 = time.perf_counter()
+            status: int | str
+            body, retry = b"", None
+            try:
+                async with asyncio.timeout_at(self.hard_end):
+                    conn, (status, body, close, retry) = await self._send(conn, message)
+            except TimeoutError:
+                status, close = "timeout", True
+            except (_Closed, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                status, close = "broken", True
+            self._record(cat, status, body, retry, time.perf_counter() - t0)
+            if close and conn is not None:  # the server closes it (or the exchange broke): a new one next
+                conn[1].close()
+                conn = None
+                self.reconnects += 1
+        if conn is not None:
+            conn[1].close()
+
+    async def _send(self, conn, message: bytes) -> tuple:
+        """One exchange on ``conn`` (a new connection when None), once more on a new one when the server
+        had closed a kept-alive connection; returns the connection and (status, body, close, retry)."""
+        for attempt in (0, 1):
+            reused = conn is not None
+            if conn is None:
+                conn = await asyncio.open_connection(self.host, self.port)
+            try:
+                return conn, await _exchange(*conn, message)
+            except (_Closed, ConnectionResetError, BrokenPipeError):
+                conn[1].close()
+                conn = None
+                self.reconnects += 1
+                if not reused or attempt:
+                    raise
+        raise _Closed
+
+    def _record(self, cat: str, status: int | str, body: bytes, retry, seconds: float) -> None:
+        self.statuses[cat][status] += 1
+        if not isinstance(status, int):
+            return
+        if status == 200 and cat in self.latency:
+            self.latency[cat].append(seconds)
+            if b'"outputs"' not in body:
+                self.odd_bodies[cat] += 1
+        elif status != 200 and not body.startswith(b'{"error":'):
+            self.odd_bodies[cat] += 1
+        if status == 503 and not retry:
+            self.no_retry_after[cat] += 1
+
+
 async def _load(url: str, pool: dict[str, list[bytes]], clients: int, seconds: float, max_requests: int,
                 seed: int, hard_cap_s: float, pid: int | None, sample_s: float) -> dict:
     parts = urlsplit(url)
-    host, port = parts.hostname, parts.port or 80
-    entries = [(cat, msg) for cat in WEIGHTS for msg in pool[cat]]
-    cum, total_w = [], 0.0
-    for cat, _ in entries:  # a category's weight shared by its variants
-        total_w += WEIGHTS[cat] / len(pool[cat])
-        cum.append(total_w)
-    statuses = {cat: Counter() for cat in WEIGHTS}
-    latency = {cat: [] for cat in WEIGHTS if cat.startswith("valid:")}
-    odd_bodies = Counter()  # answers whose body is not what the status promises
-    no_retry_after = Counter()  # 503 without Retry-After
-    reconnects = 0  # connections the server closed (after answering, or a stale keep-alive one)
-    left = max_requests
     loop = asyncio.get_running_loop()
     started = loop.time()
-    soft_end, hard_end = started + seconds, started + hard_cap_s
+    run = _Clients(pool, max_requests, started + seconds, started + hard_cap_s, parts.hostname, parts.port or 80)
     rss = {"peak": _rss_mib(pid)}
     done = asyncio.Event()
 
@@ -335,63 +394,17 @@ async def _load(url: str, pool: dict[str, list[bytes]], clients: int, seconds: f
             except TimeoutError:
                 pass
 
-    async def client(i: int):
-        nonlocal left, reconnects
-        rng = random.Random(f"{seed}-{i}")
-        conn = None
-        while left > 0 and loop.time() < soft_end:
-            left -= 1
-            cat, message = rng.choices(entries, cum_weights=cum)[0]
-            t0 = time.perf_counter()
-            status: int | str
-            try:
-                async with asyncio.timeout_at(hard_end):
-                    for attempt in (0, 1):
-                        reused = conn is not None
-                        if conn is None:
-                            conn = await asyncio.open_connection(host, port)
-                        try:
-                            status, body, close, retry = await _exchange(*conn, message)
-                            break
-                        except (_Closed, ConnectionResetError, BrokenPipeError):
-                            # a keep-alive connection the server had closed: once more on a new one
-                            conn[1].close()
-                            conn = None
-                            reconnects += 1
-                            if not reused or attempt:
-                                raise
-            except TimeoutError:
-                status, close = "timeout", True
-            except (_Closed, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-                status, close = "broken", True
-            dt = time.perf_counter() - t0
-            statuses[cat][status] += 1
-            if isinstance(status, int):
-                if status == 200 and cat in latency:
-                    latency[cat].append(dt)
-                    if b'"outputs"' not in body:
-                        odd_bodies[cat] += 1
-                elif status != 200 and not body.startswith(b'{"error":'):
-                    odd_bodies[cat] += 1
-                if status == 503 and not retry:
-                    no_retry_after[cat] += 1
-            if close and conn is not None:  # the server closes it (or the exchange broke): a new one next
-                conn[1].close()
-                conn = None
-                reconnects += 1
-        if conn is not None:
-            conn[1].close()
-
     sampling = asyncio.create_task(sampler()) if pid is not None else None
     try:
-        await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(clients))), hard_cap_s + 10)
+        await asyncio.wait_for(asyncio.gather(*(run.client(random.Random(f"{seed}-{i}")) for i in range(clients))),
+                               hard_cap_s + 10)
     finally:
         done.set()
         if sampling is not None:
             await sampling
-    duration = loop.time() - started
-    return {"statuses": statuses, "latency": latency, "odd_bodies": odd_bodies, "no_retry_after": no_retry_after,
-            "reconnects": reconnects, "duration_s": duration, "rss_peak": rss["peak"]}
+    return {"statuses": run.statuses, "latency": run.latency, "odd_bodies": run.odd_bodies,
+            "no_retry_after": run.no_retry_after, "reconnects": run.reconnects, "duration_s": loop.time() - started,
+            "rss_peak": rss["peak"]}
 
 
 def run_load(url: str, clients: int = 64, seconds: float = 60.0, max_requests: int = 200_000, seed: int = 0,

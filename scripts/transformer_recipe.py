@@ -52,7 +52,7 @@ def train(work: Path, label: str, steps: int, eval_every: int) -> Path:
     if not (out / "train_summary.json").exists():
         sets = {"max_steps": steps, "eval_every": eval_every, "average_last": 0, **VARIANTS[label]}
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
-        cmd = [sys.executable, "-m", "pipeline.cli", "train", MODEL, "--out", str(out),
+        cmd = [sys.executable, "-m", "pipeline.runner.cli", "train", MODEL, "--out", str(out),
                "--set", *[f"{k}={v}" for k, v in sets.items()]]
         print(f"[{label}] {' '.join(cmd[2:])}", flush=True)
         subprocess.run(cmd, cwd=ROOT, env=env, check=True)

@@ -284,43 +284,59 @@ def main(argv: list[str] | None = None) -> None:
 def predict_one(client, meta: dict, args, item: str) -> list[str]:
     """The answer to one INPUT of a non-text model: its line, then the --attention lines."""
     names = [i["name"] for i in meta["inputs"]]
-    lines: list[str] = []
-    if names == ["image", "width"] and not item.lstrip().startswith("{"):  # attention OCR
-        image = read_text_line(item, meta["inputs"][0]["shape"][1])
-        outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
-        lines.append(str(outs["text"][0]))
-        if args.attention:  # each letter's most attended feature column
-            for letter, amap in zip(outs["letters"][0], outs["attention"][0]):
-                if letter:
-                    col = int(amap.max(0).argmax())
-                    lines.append(f"{letter:>4}  peak at column {col} of {amap.shape[1]} (x ≈ {col * 4 + 2} px)")
+    if not item.lstrip().startswith("{"):  # a file of the model's modality, not a JSON object
+        if names == ["image", "width"]:  # attention OCR
+            return _predict_text_line(client, meta, args, item)
+        if names == ["audio", "samples"]:
+            return _predict_speech(client, args, item)
+        if names == ["image"]:
+            return _predict_image(client, meta, args, item)
+    return _predict_json(client, meta, args, item)
+
+
+def _predict_text_line(client, meta: dict, args, item: str) -> list[str]:
+    image = read_text_line(item, meta["inputs"][0]["shape"][1])
+    outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
+    lines = [str(outs["text"][0])]
+    if args.attention:  # each letter's most attended feature column
+        for letter, amap in zip(outs["letters"][0], outs["attention"][0]):
+            if letter:
+                col = int(amap.max(0).argmax())
+                lines.append(f"{letter:>4}  peak at column {col} of {amap.shape[1]} (x ≈ {col * 4 + 2} px)")
+    return lines
+
+
+def _predict_speech(client, args, item: str) -> list[str]:
+    audio = read_wav(item)
+    outs = client.infer(args.model, {"audio": audio[None]}, args.version, parameters={"decode": args.decode})
+    lines = [str(outs["text"][0])]
+    if args.attention:  # where in the audio each character was read
+        for t, row in enumerate(outs["alignment"][0]):
+            if row.any():
+                lines.append(f"step {t + 1}: peak at encoder step {int(row.argmax())} of {row.shape[0]}")
+    return lines
+
+
+def _predict_image(client, meta: dict, args, item: str) -> list[str]:
+    image = read_image(item, tuple(meta["inputs"][0]["shape"][1:]))
+    if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
+        outs = client.infer(args.model, {"image": image[None]}, args.version)
+        lines = [str(int(outs["pred"][0]))]
+        if args.attention:
+            for t, (x, y) in enumerate(outs["locations"][0]):
+                lines.append(f"glimpse {t + 1}: centre x {x:+.2f}, y {y:+.2f} (-1..1 over the image)")
         return lines
-    if names == ["audio", "samples"] and not item.lstrip().startswith("{"):  # speech
-        audio = read_wav(item)
-        outs = client.infer(args.model, {"audio": audio[None]}, args.version, parameters={"decode": args.decode})
-        lines.append(str(outs["text"][0]))
-        if args.attention:  # where in the audio each character was read
-            for t, row in enumerate(outs["alignment"][0]):
-                if row.any():
-                    lines.append(f"step {t + 1}: peak at encoder step {int(row.argmax())} of {row.shape[0]}")
-        return lines
-    if names == ["image"] and not item.lstrip().startswith("{"):
-        image = read_image(item, tuple(meta["inputs"][0]["shape"][1:]))
-        if "caption" not in [o["name"] for o in meta["outputs"]]:  # a classifier (RAM): class, glimpse path
-            outs = client.infer(args.model, {"image": image[None]}, args.version)
-            lines.append(str(int(outs["pred"][0])))
-            if args.attention:
-                for t, (x, y) in enumerate(outs["locations"][0]):
-                    lines.append(f"glimpse {t + 1}: centre x {x:+.2f}, y {y:+.2f} (-1..1 over the image)")
-            return lines
-        outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
-        lines.append(str(outs["caption"][0]))
-        if args.attention:  # each word's most attended cell of the feature grid
-            for word, amap in zip(outs["words"][0], outs["attention"][0]):
-                if word:
-                    r, c = divmod(int(amap.argmax()), amap.shape[1])
-                    lines.append(f"{word:>8}  peak at row {r}, column {c} of {amap.shape[0]}x{amap.shape[1]}")
-        return lines
+    outs = client.infer(args.model, {"image": image[None]}, args.version, parameters={"decode": args.decode})
+    lines = [str(outs["caption"][0])]
+    if args.attention:  # each word's most attended cell of the feature grid
+        for word, amap in zip(outs["words"][0], outs["attention"][0]):
+            if word:
+                r, c = divmod(int(amap.argmax()), amap.shape[1])
+                lines.append(f"{word:>8}  peak at row {r}, column {c} of {amap.shape[0]}x{amap.shape[1]}")
+    return lines
+
+
+def _predict_json(client, meta: dict, args, item: str) -> list[str]:
     try:
         text = Path(item).read_text() if item.endswith(".json") else item
         inputs = json.loads(text)

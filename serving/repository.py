@@ -1,6 +1,6 @@
 """The published model repository as servable models (onnxruntime only, never torch).
 
-``model_repository/<model>/<version>/`` (written by ``pipeline/publish.py``) holds the graphs,
+``model_repository/<model>/<version>/`` (written by ``pipeline/stages/publish.py``) holds the graphs,
 tokenizers and ``metadata.json`` whose ``serving`` block says how to run them. Each version
 becomes up to two kinds of servable model:
 

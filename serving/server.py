@@ -258,15 +258,57 @@ class BodyLimit:
 
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
-    registry = CollectorRegistry()
-    batch_rows = Histogram("attnzoo_batch_rows", "Rows per batched ONNX Runtime call (requests or decode steps)",
-                           ["model"], registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    service = Service(cfg, repository)
+    app = FastAPI(title="attnzoo inference server", version=__version__,
+                  description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
+    app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
+    _add_error_handlers(app)
+    _add_server_routes(app, service.repo)
+    _add_model_routes(app, service)
+    app.openapi = lambda: _openapi(app)
+    _add_metrics(app, service.registry)
+    if cfg.playground:
+        add_playground(app)
+    return app
 
-    def step_batching(model: str, graphs: dict) -> dict:
+
+class Service:
+    """What the routes answer with: the model repository, the threads and admission that run requests,
+    the batchers shared across requests, and the Prometheus metrics."""
+
+    def __init__(self, cfg: ServeConfig, repository: Repository | None = None):
+        self.cfg = cfg
+        self.registry = CollectorRegistry()
+        self.batch_rows = Histogram("attnzoo_batch_rows",
+                                    "Rows per batched ONNX Runtime call (requests or decode steps)", ["model"],
+                                    registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        COMPUTE.resize(cfg.infer_threads)
+        self.repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads,
+                                             wrap=self.step_batching if cfg.step_batching else None,
+                                             loop_threads=cfg.loop_ort_threads)
+        log.info("serving %d model(s) from %s with %s", len(self.repo.models), cfg.repository,
+                 ", ".join(sorted(self.repo.providers)) or "no execution provider (empty repository)")
+        for key, why in self.repo.errors.items():
+            log.error("not served: %s (%s)", key, why)
+        # One thread per admitted request: a decode loop mostly waits for its shared step calls; the
+        # CPU-bound work is bounded by COMPUTE, the number of requests by the admission queue.
+        self.executor = ThreadPoolExecutor(cfg.running, thread_name_prefix="infer")
+        # Request parsing and answer encoding, off the event loop; two at a time bounds the memory of
+        # answers being encoded (each is held as arrays and as bytes meanwhile).
+        self.codec = ThreadPoolExecutor(2, thread_name_prefix="codec")
+        self.admission = Admission(cfg.running, cfg.max_queue)
+        self.requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model"],
+                                 registry=self.registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
+
+    def step_batching(self, model: str, graphs: dict) -> dict:
         """A looping model's graphs, shared across requests: greedy seq2seq decoding runs in one
         continuously batched loop where the step graph allows it, every other loop's graph calls
         are step-batched."""
-        observe = batch_rows.labels(model).observe
+        cfg, observe = self.cfg, self.batch_rows.labels(model).observe
         wrapped = {g: StepBatcher(graph, cfg.max_step_rows, cfg.step_delay_ms / 1000, observe)
                    for g, graph in graphs.items()}
         if {"encoder", "decoder_step"} <= graphs.keys() and GreedyScheduler.eligible(graphs["decoder_step"]):
@@ -274,31 +316,106 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
                                                              cfg.max_step_rows, observe)
         return wrapped
 
-    COMPUTE.resize(cfg.infer_threads)
-    repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads,
-                                    wrap=step_batching if cfg.step_batching else None,
-                                    loop_threads=cfg.loop_ort_threads)
-    log.info("serving %d model(s) from %s with %s", len(repo.models), cfg.repository,
-             ", ".join(sorted(repo.providers)) or "no execution provider (empty repository)")
-    for key, why in repo.errors.items():
-        log.error("not served: %s (%s)", key, why)
-    # One thread per admitted request: a decode loop mostly waits for its shared step calls; the
-    # CPU-bound work is bounded by COMPUTE, the number of requests by the admission queue.
-    executor = ThreadPoolExecutor(cfg.running, thread_name_prefix="infer")
-    # Request parsing and answer encoding, off the event loop; two at a time bounds the memory of
-    # answers being encoded (each is held as arrays and as bytes meanwhile).
-    codec = ThreadPoolExecutor(2, thread_name_prefix="codec")
-    admission = Admission(cfg.running, cfg.max_queue)
-    requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
-                       registry=registry)
-    latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model"], registry=registry,
-                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-    batchers: dict[tuple[str, int], DynamicBatcher] = {}
+    def metadata(self, name: str, version: str | None):
+        repo = self.repo
+        if not repo.versions(name):  # 404 naming the served models (an empty model folder too)
+            repo.get(name)
+        model = repo.get(name, version) if version is not None else None
+        default, why = repo.default(name)
+        if model is None:
+            model = repo.get(name, str(default) if default is not None else str(max(repo.versions(name))))
+        # Beyond the protocol's fields: which version a request without one gets and why, the kind
+        # of input the model takes and its limits (over a limit: HTTP 413).
+        return {**model.metadata(repo.versions(name)), "parameters": {
+            "version": str(model.version), "default_version": None if default is None else str(default),
+            "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
+            "kind": model.kind, "limits": model.limits.as_json()}}
 
-    app = FastAPI(title="attnzoo inference server", version=__version__,
-                  description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
-    app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
+    def label(self, name: str) -> str:
+        """The metrics label of a request: its model, or one label for every name not served (a
+        label per name a client invents would grow /metrics and memory without limit)."""
+        return name if name in self.repo.models else UNKNOWN
 
+    def model_ready(self, name: str, version: str | None):
+        self.repo.get(name, version)
+        return {"name": name, "ready": True}
+
+    async def infer(self, name: str, version: str | None, request: Request) -> Response:
+        cfg, started, status = self.cfg, time.perf_counter(), 500
+        try:
+            model = self.repo.get(name, version)
+            loop = asyncio.get_running_loop()
+            # Parsing and encoding run in their own threads: the event loop keeps answering others.
+            feeds, wanted, params, as_binary, request_id = await loop.run_in_executor(
+                self.codec, self.parse, model, await request.body(), request.headers)
+            async with self.admission.turn():  # 503 + Retry-After when the waiting room is full
+                # the loop itself stops at its deadline (504); the grace covers the last step
+                outs = await asyncio.wait_for(self.run_model(model, feeds, params), cfg.timeout_s + 5)
+            header = {"model_name": model.name, "model_version": str(model.version)}
+            if request_id is not None:
+                header["id"] = request_id
+            content, headers = await loop.run_in_executor(
+                self.codec, self.encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
+                request.headers.get("accept-encoding"))
+            status = 200
+            return Response(content, headers=headers)
+        except RequestError as err:
+            status = err.status
+            raise
+        except TimeoutError:
+            status = 504
+            raise RequestError(f"inference took longer than {cfg.timeout_s} s", status=504) from None
+        finally:
+            self.requests.labels(self.label(name), str(status)).inc()
+            self.latency.labels(self.label(name)).observe(time.perf_counter() - started)
+
+    def parse(self, model: ServedModel, raw: bytes, http_headers) -> tuple:
+        """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: against
+        the model's limits on the shapes it declares (413 before its data is read), then by
+        serving.protocol, not by pydantic (one pass over possibly large data, JSON or JSON + binary
+        tensor data, maybe gzipped)."""
+        raw = decode_body(raw, http_headers.get("content-encoding"), int(self.cfg.max_body_mb * 2**20))
+        body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
+        params = body.get("parameters") if isinstance(body, dict) else None
+        model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
+        feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
+        request_id = body.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise RequestError("'id' must be a string")
+        return feeds, wanted, params, binary_outputs(body, wanted), request_id
+
+    @staticmethod
+    def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):
+        """The answer's bytes, once its size is known to be within the model's limit."""
+        over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
+                   model.limits.output_elements)
+        return encode_response(header, outputs, as_binary, accept)
+
+    def _infer(self, model: ServedModel, feeds: dict, params: dict) -> dict:
+        with deadline_scope(self.cfg.timeout_s):
+            return model.infer(feeds, params)
+
+    async def run_model(self, model: ServedModel, feeds: dict, params: dict) -> dict:
+        cfg = self.cfg
+        try:
+            if isinstance(model, GraphModel) and model.batchable:
+                if len({a.shape[0] for a in feeds.values()}) != 1:
+                    raise RequestError("all inputs must have the same size on axis 0 (the batch)")
+                key = (model.name, model.version)
+                if key not in self.batchers:
+                    self.batchers[key] = DynamicBatcher(model.infer, self.executor, cfg.max_batch,
+                                                        cfg.batch_delay_ms / 1000, cfg.max_queue,
+                                                        self.batch_rows.labels(model.name).observe)
+                return await self.batchers[key].infer(feeds)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self._infer, model, feeds, params)
+        except RequestError:
+            raise
+        except Exception as err:  # ONNX Runtime rejects what the declared shapes cannot (e.g. ids out of range)
+            log.warning("%s rejected a request: %s", model.name, err)
+            raise RequestError(f"the model could not run on this input: {str(err).splitlines()[0][:300]}") from None
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(_, err: RequestError):
         response = error(err.status, str(err))
@@ -315,15 +432,19 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     async def _http(_, err: HTTPException):
         return error(err.status_code, str(err.detail))
 
+
+INDEX_DOC = {"requestBody": {"required": False, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/RepositoryIndexRequest"}}}}}
+
+
+def _add_server_routes(app: FastAPI, repo: Repository) -> None:
+    """The server's own endpoints: its metadata, health, and the repository index."""
     @app.get("/v2", response_model=ServerMetadata)
     async def server_metadata():
         return {"name": "attnzoo", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]}
 
-    index_doc = {"requestBody": {"required": False, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/RepositoryIndexRequest"}}}}}
-
     @app.post("/v2/repository/index", response_model=list[RepositoryIndexEntry], responses=ERRORS,
-              openapi_extra=index_doc)
+              openapi_extra=INDEX_DOC)
     async def repository_index(request: Request):
         """Triton's model repository index: the protocol has no other way to list what is served.
         Every served version is loaded, hence READY whatever "ready" asks; a version that failed
@@ -348,162 +469,72 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
         ok = bool(repo.models) and not repo.errors
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    def metadata(name: str, version: str | None):
-        if not repo.versions(name):  # 404 naming the served models (an empty model folder too)
-            repo.get(name)
-        model = repo.get(name, version) if version is not None else None
-        default, why = repo.default(name)
-        if model is None:
-            model = repo.get(name, str(default) if default is not None else str(max(repo.versions(name))))
-        # Beyond the protocol's fields: which version a request without one gets and why, the kind
-        # of input the model takes and its limits (over a limit: HTTP 413).
-        return {**model.metadata(repo.versions(name)), "parameters": {
-            "version": str(model.version), "default_version": None if default is None else str(default),
-            "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
-            "kind": model.kind, "limits": model.limits.as_json()}}
 
-    def label(name: str) -> str:
-        """The metrics label of a request: its model, or one label for every name not served (a
-        label per name a client invents would grow /metrics and memory without limit)."""
-        return name if name in repo.models else UNKNOWN
+BINARY_DOC = ("the binary tensor data extension (application/octet-stream): the JSON, its length in bytes in "
+              "Inference-Header-Content-Length, then the raw bytes of each tensor that has "
+              "parameters.binary_data_size, in order (little-endian, row-major; BOOL 1 byte; BYTES elements "
+              "a 4-byte little-endian length, then the bytes).")
+HEADER_DOC = [
+    {"name": "Inference-Header-Content-Length", "in": "header", "required": False, "schema": {"type": "integer"},
+     "description": "Length of the JSON at the start of an application/octet-stream body; 0: the whole body "
+                    "is the raw data of the model's one input."},
+    {"name": "Content-Encoding", "in": "header", "required": False,
+     "schema": {"type": "string", "enum": ["gzip", "deflate", "identity"]}},
+    {"name": "Accept-Encoding", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "gzip or deflate: the response comes compressed."}]
+BODY_DOC = {"requestBody": {"required": True, "description": "JSON, or " + BINARY_DOC, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    "parameters": HEADER_DOC,
+    "responses": {"200": {"description": "JSON unless binary outputs were asked for (parameters.binary_data "
+                                         "per output, binary_data_output per request): then " + BINARY_DOC,
+                          "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                              "format": "binary"}}}}}}
 
-    def model_ready(name: str, version: str | None):
-        repo.get(name, version)
-        return {"name": name, "ready": True}
 
-    async def infer(name: str, version: str | None, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        try:
-            model = repo.get(name, version)
-            loop = asyncio.get_running_loop()
-            # Parsing and encoding run in their own threads: the event loop keeps answering others.
-            feeds, wanted, params, as_binary, request_id = await loop.run_in_executor(
-                codec, parse, model, await request.body(), request.headers)
-            async with admission.turn():  # 503 + Retry-After when the waiting room is full
-                # the loop itself stops at its deadline (504); the grace covers the last step
-                outs = await asyncio.wait_for(run_model(model, feeds, params), cfg.timeout_s + 5)
-            header = {"model_name": model.name, "model_version": str(model.version)}
-            if request_id is not None:
-                header["id"] = request_id
-            content, headers = await loop.run_in_executor(
-                codec, encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
-                request.headers.get("accept-encoding"))
-            status = 200
-            return Response(content, headers=headers)
-        except RequestError as err:
-            status = err.status
-            raise
-        except TimeoutError:
-            status = 504
-            raise RequestError(f"inference took longer than {cfg.timeout_s} s", status=504) from None
-        finally:
-            requests.labels(label(name), str(status)).inc()
-            latency.labels(label(name)).observe(time.perf_counter() - started)
-
-    def parse(model: ServedModel, raw: bytes, http_headers) -> tuple:
-        """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: against
-        the model's limits on the shapes it declares (413 before its data is read), then by
-        serving.protocol, not by pydantic (one pass over possibly large data, JSON or JSON + binary
-        tensor data, maybe gzipped)."""
-        raw = decode_body(raw, http_headers.get("content-encoding"), int(cfg.max_body_mb * 2**20))
-        body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
-        params = body.get("parameters") if isinstance(body, dict) else None
-        model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
-        feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
-        request_id = body.get("id")
-        if request_id is not None and not isinstance(request_id, str):
-            raise RequestError("'id' must be a string")
-        return feeds, wanted, params, binary_outputs(body, wanted), request_id
-
-    def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):
-        """The answer's bytes, once its size is known to be within the model's limit."""
-        over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
-                   model.limits.output_elements)
-        return encode_response(header, outputs, as_binary, accept)
-
-    def _infer(model: ServedModel, feeds: dict, params: dict) -> dict:
-        with deadline_scope(cfg.timeout_s):
-            return model.infer(feeds, params)
-
-    async def run_model(model: ServedModel, feeds: dict, params: dict) -> dict:
-        try:
-            if isinstance(model, GraphModel) and model.batchable:
-                if len({a.shape[0] for a in feeds.values()}) != 1:
-                    raise RequestError("all inputs must have the same size on axis 0 (the batch)")
-                key = (model.name, model.version)
-                if key not in batchers:
-                    batchers[key] = DynamicBatcher(model.infer, executor, cfg.max_batch, cfg.batch_delay_ms / 1000,
-                                                   cfg.max_queue, batch_rows.labels(model.name).observe)
-                return await batchers[key].infer(feeds)
-            return await asyncio.get_running_loop().run_in_executor(executor, _infer, model, feeds, params)
-        except RequestError:
-            raise
-        except Exception as err:  # ONNX Runtime rejects what the declared shapes cannot (e.g. ids out of range)
-            log.warning("%s rejected a request: %s", model.name, err)
-            raise RequestError(f"the model could not run on this input: {str(err).splitlines()[0][:300]}") from None
-
+def _add_model_routes(app: FastAPI, service: Service) -> None:
+    """Per model (and version): metadata, readiness, inference."""
     @app.get("/v2/models/{name}", response_model=ModelMetadata, response_model_exclude_none=True, responses=ERRORS)
     async def model_metadata(name: str):
-        return metadata(name, None)
+        return service.metadata(name, None)
 
     @app.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata, response_model_exclude_none=True,
              responses=ERRORS)
     async def model_version_metadata(name: str, version: str):
-        return metadata(name, version)
+        return service.metadata(name, version)
 
     @app.get("/v2/models/{name}/ready", response_model=ModelReady, responses=ERRORS)
     async def ready_model(name: str):
-        return model_ready(name, None)
+        return service.model_ready(name, None)
 
     @app.get("/v2/models/{name}/versions/{version}/ready", response_model=ModelReady, responses=ERRORS)
     async def ready_model_version(name: str, version: str):
-        return model_ready(name, version)
+        return service.model_ready(name, version)
 
-    binary_doc = ("the binary tensor data extension (application/octet-stream): the JSON, its length in bytes in "
-                  "Inference-Header-Content-Length, then the raw bytes of each tensor that has "
-                  "parameters.binary_data_size, in order (little-endian, row-major; BOOL 1 byte; BYTES elements "
-                  "a 4-byte little-endian length, then the bytes).")
-    header_doc = [
-        {"name": "Inference-Header-Content-Length", "in": "header", "required": False, "schema": {"type": "integer"},
-         "description": "Length of the JSON at the start of an application/octet-stream body; 0: the whole body "
-                        "is the raw data of the model's one input."},
-        {"name": "Content-Encoding", "in": "header", "required": False,
-         "schema": {"type": "string", "enum": ["gzip", "deflate", "identity"]}},
-        {"name": "Accept-Encoding", "in": "header", "required": False, "schema": {"type": "string"},
-         "description": "gzip or deflate: the response comes compressed."}]
-    body_doc = {"requestBody": {"required": True, "description": "JSON, or " + binary_doc, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}},
-        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-        "parameters": header_doc,
-        "responses": {"200": {"description": "JSON unless binary outputs were asked for (parameters.binary_data "
-                                             "per output, binary_data_output per request): then " + binary_doc,
-                              "content": {"application/octet-stream": {"schema": {"type": "string",
-                                                                                  "format": "binary"}}}}}}
-
-    @app.post("/v2/models/{name}/infer", response_model=InferenceResponse, responses=ERRORS, openapi_extra=body_doc)
+    @app.post("/v2/models/{name}/infer", response_model=InferenceResponse, responses=ERRORS, openapi_extra=BODY_DOC)
     async def infer_latest(name: str, request: Request):
-        return await infer(name, None, request)
+        return await service.infer(name, None, request)
 
     @app.post("/v2/models/{name}/versions/{version}/infer", response_model=InferenceResponse, responses=ERRORS,
-              openapi_extra=body_doc)
+              openapi_extra=BODY_DOC)
     async def infer_version(name: str, version: str, request: Request):
-        return await infer(name, version, request)
+        return await service.infer(name, version, request)
 
-    def openapi() -> dict:
-        """FastAPI's document plus the request schema, which it cannot see (the body is read raw)."""
-        if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            schema = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components = doc.setdefault("components", {}).setdefault("schemas", {})
-            components.update(schema.pop("$defs", {}))
-            components["InferenceRequest"] = schema
-            components["RepositoryIndexRequest"] = RepositoryIndexRequest.model_json_schema()
-            app.openapi_schema = doc
-        return app.openapi_schema
 
-    app.openapi = openapi
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's document plus the request schema, which it cannot see (the body is read raw)."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schema = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        components.update(schema.pop("$defs", {}))
+        components["InferenceRequest"] = schema
+        components["RepositoryIndexRequest"] = RepositoryIndexRequest.model_json_schema()
+        app.openapi_schema = doc
+    return app.openapi_schema
 
+
+def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # --workers N: add up every worker's counts
@@ -513,10 +544,6 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
             multiprocess.MultiProcessCollector(merged)
             return Response(generate_latest(merged), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    if cfg.playground:
-        add_playground(app)
-    return app
 
 
 PLAYGROUND = Path(__file__).resolve().with_name("playground")

@@ -19,6 +19,40 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = yaml.safe_load((ROOT / "profiles" / "smoke.yaml").read_text())["archs"]
 
 
+# `make test-fast` (ATTNZOO_TEST_FAST=1) runs the tests not marked slow or integration, and holds them
+# to that: a test there that starts a process or listens on a socket fails, naming the marker it lacks.
+FAST = os.environ.get("ATTNZOO_TEST_FAST") == "1"
+# What libraries run to describe the machine (MLflow records the commit; platform.uname asks `uname -p`):
+# milliseconds each, and allowed there.
+PROBES = {"git", "uname", "ldconfig"}
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_starts_nothing(request, monkeypatch):
+    if not FAST:
+        yield
+        return
+    import socket
+
+    def refused(what):
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"{request.node.nodeid} {what} in the fast lane: mark it "
+                               "pytest.mark.integration (make test runs it)")
+        return refuse
+
+    popen, refuse = subprocess.Popen.__init__, refused("starts a process")
+
+    def probes_only(self, args, *rest, **kwargs):
+        program = (args.split()[0] if isinstance(args, str) else os.fspath(args[0])) if args else ""
+        if os.path.basename(program) not in PROBES:
+            refuse()
+        popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", probes_only)
+    monkeypatch.setattr(socket.socket, "listen", refused("listens on a socket"))
+    yield
+
+
 SEQ2SEQ = ("bahdanau", "luong", "transformer")  # translation batches: src, src_len, tgt_in, tgt_out
 
 
@@ -162,7 +196,7 @@ def venv_env(tmp: Path) -> dict[str, str]:
 def smoke_translation(tmp_path_factory) -> Path:
     """The smoke profile's German-English pairs, prepared as the translation task prepares a user's
     corpus (SentencePiece models, splits, manifest): a data/prepared/translation_de_en folder."""
-    from pipeline.prepare import prepare
+    from pipeline.stages.prepare import prepare
 
     out = tmp_path_factory.mktemp("translation") / "data"
     prepare("translation_de_en", {"seed": 3, "vocab_size": 400, "corpus": str(ROOT / "profiles" / "smoke_de_en.tsv"),

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 import models
-import pipeline.train as train_mod
-from pipeline.cli import run_cli
+import pipeline.training.loop as train_mod
 from pipeline.config import resolve
+from pipeline.entry import run_cli
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import torch
 
 import models
-from pipeline.export import export_onnx
-from pipeline.publish import serving_meta, write_version
+from pipeline.stages.export import export_onnx
+from pipeline.stages.publish import serving_meta, write_version
 from tests.conftest import TINY
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import models
-from pipeline.export import export_onnx
+from pipeline.stages.export import export_onnx
 
 
 def _model(**overrides) -> torch.nn.Module:

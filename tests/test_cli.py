@@ -11,17 +11,18 @@ import torch
 
 import models
 from pipeline.checkpoint import load_model, save
-from pipeline.cli import DESCRIPTIONS
 from pipeline.config import RunConfig, TrainConfig, UserError
+from pipeline.runner.cli import DESCRIPTIONS
 from tests.conftest import ROOT, TINY, Planted
 
 
 def cli(*args, cwd=ROOT, timeout=300):
     """``attnzoo ARGS...`` as a user runs it, in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.runner.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 
+@pytest.mark.integration
 def test_unknown_model_entry_is_one_line():
     proc = cli("train", "no_such_model")
     assert proc.returncode == 2
@@ -29,6 +30,7 @@ def test_unknown_model_entry_is_one_line():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_bad_override_key_is_one_line():
     proc = cli("train", "ntm", "--set", "memroy_size=3")
     assert proc.returncode == 2
@@ -60,15 +62,17 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path):
         load_model(tmp_path / "missing")
 
 
+@pytest.mark.integration
 def test_usage_without_stage():
     proc = cli()
     assert proc.returncode == 2 and "usage: attnzoo" in proc.stdout
 
 
+@pytest.mark.integration
 def test_help_lists_every_command_with_a_description_and_version_is_pyprojects():
     import tomllib
 
-    from pipeline.cli import DESCRIPTIONS
+    from pipeline.runner.cli import DESCRIPTIONS
 
     proc = cli("--help")
     assert proc.returncode == 0
@@ -78,6 +82,7 @@ def test_help_lists_every_command_with_a_description_and_version_is_pyprojects()
     assert cli("--version").stdout.strip() == f"attnzoo {want}"
 
 
+@pytest.mark.integration
 def test_unknown_command_suggests_the_nearest_and_sub_help_names_the_command():
     proc = cli("trian", "ntm")
     assert proc.returncode == 2
@@ -88,7 +93,7 @@ def test_unknown_command_suggests_the_nearest_and_sub_help_names_the_command():
 
 def _parser_of(command: str, monkeypatch) -> argparse.ArgumentParser:
     """The parser ``attnzoo COMMAND`` builds, caught at its ``parse_args`` (nothing runs)."""
-    from pipeline.cli import _dispatch
+    from pipeline.runner.cli import _dispatch
 
     class Caught(Exception):
         pass
@@ -112,6 +117,7 @@ def test_every_argument_of_every_command_has_help(command, monkeypatch):
     assert not bare, f"attnzoo {command} --help: no help for {bare}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("setting, message", [
     ("lr=abc", "--set lr='abc': lr takes float (e.g. lr=0.001)"),
     ("epochs=2.5", "--set epochs=2.5: epochs takes int (e.g. epochs=10)"),
@@ -125,26 +131,27 @@ def test_set_values_are_checked_against_the_config_types(setting, message):
 
 def test_set_reads_scientific_notation_as_a_float():
     # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; a user means the float.
-    from pipeline.cli import parse_overrides
+    from pipeline.entry import parse_overrides
 
     assert parse_overrides(["lr=3e-4", "lr_min=1E-6", "attention=none", "hidden=1e3x"]) == {
         "lr": 3e-4, "lr_min": 1e-6, "attention": "none", "hidden": "1e3x"}
 
 
 def test_set_values_of_the_model_config_are_checked_too():
-    from pipeline.cli import check_override_types
+    from pipeline.entry import check_override_types
 
     check_override_types("ntm", {"lr": 3, "memory_size": 16, "epochs": 1})  # ints fit float fields
     with pytest.raises(UserError, match="memory_size takes int"):
         check_override_types("ntm", {"memory_size": "big"})
 
 
+@pytest.mark.integration
 def test_list_shows_entries_bar_status_and_published_versions(tmp_path):
     import json
 
     import yaml
 
-    from pipeline.cli import entries
+    from pipeline.runner.cli import entries
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"models": {
         "a": {"arch": "ntm", "task": "copy", "bar": [{"metric": "acc", "op": ">=", "value": 1}]},
@@ -169,7 +176,7 @@ def test_list_shows_entries_bar_status_and_published_versions(tmp_path):
 
 
 # A serving host's install (pip install "attnzoo[serve]") has no training stack: modules blocked here as
-# they are missing there. A finder that refuses them, installed before pipeline.cli runs.
+# they are missing there. A finder that refuses them, installed before pipeline.runner.cli runs.
 WITHOUT = """
 import importlib.abc, sys
 class Missing(importlib.abc.MetaPathFinder):
@@ -177,7 +184,7 @@ class Missing(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {blocked!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Missing())
-from pipeline.cli import main
+from pipeline.runner.cli import main
 main(sys.argv[1:])
 """
 
@@ -187,6 +194,7 @@ def _without(blocked: set[str], *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("blocked, args, extra", [
     ({"torch"}, ["train", "ntm"], "train,cpu"),
     ({"torch"}, ["list"], "train,cpu"),
@@ -206,6 +214,7 @@ def test_a_command_without_its_extra_names_the_extra_to_install(blocked, args, e
                                    f'it with pip install "attnzoo[{extra}]" (in a checkout: make setup)')
 
 
+@pytest.mark.integration
 def test_serving_commands_run_without_the_training_stack(tmp_path):
     """What a serving host runs works with torch, Ray, MLflow and DVC all absent."""
     from tests.test_deploy import TRAINING_STACK, publish_tiny
@@ -224,7 +233,7 @@ def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys):
     ``torch.load(weights_only=True)``; a planted ``trainer.pt`` that would run code is refused and the
     run starts fresh (the same file under ``weights_only=False`` does run: the plant is real)."""
     from pipeline.checkpoint import load_last
-    from pipeline.train import rng_state
+    from pipeline.training.resume import rng_state
 
     torch.manual_seed(0)
     model = models.build("ntm", TINY["ntm"])

@@ -1,5 +1,5 @@
-"""The corpus builder (pipeline.corpus): cleaning, the document split and its leak guard, a user's
-own corpus through the translation task, and the errors a user can meet."""
+"""The corpus builder (pipeline.tasks.translation_de_en.corpus): cleaning, the document split and its leak
+guard, a user's own corpus through the translation task, and the errors a user can meet."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import CorpusError, Pair
-from pipeline.corpus.build import clean_all, read_file_corpus, split_by_document
-from pipeline.corpus.clean import Rules, clean_pair, normalise, sentence_pairs, sentences
-from pipeline.corpus.debian import fetch
-from pipeline.prepare import prepare
+from pipeline.stages.prepare import prepare
 from pipeline.tasks import TaskError, get_task
+from pipeline.tasks.translation_de_en.corpus import CorpusError, Pair
+from pipeline.tasks.translation_de_en.corpus.build import clean_all, read_file_corpus, split_by_document
+from pipeline.tasks.translation_de_en.corpus.clean import Rules, clean_pair, normalise, sentence_pairs, sentences
+from pipeline.tasks.translation_de_en.corpus.debian import fetch
 
 
 def test_normalise_strips_markup_entities_and_accelerators_but_not_words():
@@ -137,6 +137,7 @@ def test_own_corpus_errors_name_the_fix(tmp_path):
     assert json.loads((prepare_dir / "manifest.json").read_text()) == {"earlier": True}  # untouched
 
 
+@pytest.mark.integration
 def test_a_package_that_cannot_be_fetched_is_named_with_the_way_out(tmp_path):
     with pytest.raises(CorpusError, match=r"attnzoo-no-such-package could not be fetched .*turn its source off"):
         fetch(["attnzoo-no-such-package"], tmp_path, progress=False)
@@ -156,6 +157,7 @@ def _fake_deb(folder: Path, file_name: str) -> Path:
     return folder / "cache"
 
 
+@pytest.mark.integration
 def test_a_cached_deb_that_differs_from_apts_index_is_refused(tmp_path):
     """The cache is not trusted: a .deb under the name of the version apt lists, but with other
     bytes, is refused before it is unpacked (it was used as it was)."""
@@ -167,6 +169,7 @@ def test_a_cached_deb_that_differs_from_apts_index_is_refused(tmp_path):
     assert not list((cache / "trees").iterdir())  # nothing unpacked
 
 
+@pytest.mark.integration
 def test_a_version_from_a_file_name_never_leaves_the_cache(tmp_path):
     """apt's file names are URL-quoted; a planted name whose version unquotes to a path is refused
     before anything is deleted or unpacked (it was joined into a path that was rmtree'd)."""

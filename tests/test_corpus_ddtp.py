@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline.corpus import CorpusError, ddtp
-from pipeline.corpus.ddtp import DDTP, MIRROR, pairs_from_lists
+from pipeline.tasks.translation_de_en.corpus import CorpusError, ddtp
+from pipeline.tasks.translation_de_en.corpus.ddtp import DDTP, MIRROR, pairs_from_lists
 
 PREFIX = "deb.debian.org_debian_dists_{}_main_i18n_Translation-{}"
 
@@ -220,6 +220,7 @@ def test_missing_apt_get_names_the_switch(tmp_path, monkeypatch):
         list(DDTP().pairs({}, {}, tmp_path))
 
 
+@pytest.mark.integration
 def test_private_apt_config(tmp_path):
     config = ddtp._apt_config(tmp_path, tmp_path / "sources.list")
     assert 'Dir::Etc::Parts "/dev/null";' in config and 'Dir::Etc::main "/dev/null";' in config

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import SOURCES, CorpusError, Pair
-from pipeline.corpus.gettext import Gettext
+from pipeline.tasks.translation_de_en.corpus import SOURCES, CorpusError, Pair
+from pipeline.tasks.translation_de_en.corpus.gettext import Gettext
 
 HEADER = "Content-Type: text/plain; charset=UTF-8\nLanguage: {lang}\nPlural-Forms: nplurals=2; plural=(n != 1);\n"
 

@@ -3,7 +3,7 @@ block, a page whose structure differs skipped whole."""
 
 from pathlib import Path
 
-from pipeline.corpus import Pair, get_source
+from pipeline.tasks.translation_de_en.corpus import Pair, get_source
 
 HEAD = '<?xml version="1.0" encoding="utf-8"?>\n'
 NS = ('xmlns="http://projectmallard.org/1.0/" xmlns:if="http://projectmallard.org/if/1.0/" '

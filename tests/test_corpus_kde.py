@@ -5,8 +5,8 @@ from __future__ import annotations
 import bz2
 from pathlib import Path
 
-from pipeline.corpus import Pair
-from pipeline.corpus.kde import KdeHandbooks
+from pipeline.tasks.translation_de_en.corpus import Pair
+from pipeline.tasks.translation_de_en.corpus.kde import KdeHandbooks
 
 
 def page(title: str, body: str, up: str = "") -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-from pipeline.corpus import Pair
-from pipeline.corpus.manpages import ManPages, parse, unescape
+from pipeline.tasks.translation_de_en.corpus import Pair
+from pipeline.tasks.translation_de_en.corpus.manpages import ManPages, parse, unescape
 
 CREDITS = """.SH ÜBERSETZUNG
 Die deutsche Übersetzung dieser Handbuchseite wurde von

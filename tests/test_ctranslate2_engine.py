@@ -14,8 +14,8 @@ import torch
 
 from pipeline import ctranslate2_engine as engine
 from pipeline.config import UserError, resolve
-from pipeline.export import export_onnx
-from pipeline.publish import serving_meta, write_version
+from pipeline.stages.export import export_onnx
+from pipeline.stages.publish import serving_meta, write_version
 from pipeline.tasks.translation_de_en import TranslationTask
 from serving.client import LocalClient
 from serving.repository import check_version
@@ -100,6 +100,7 @@ def test_ctranslate2_answers_as_the_onnx_loop(repository, converted):
         np.testing.assert_allclose(beam["ct2"]["attention"][i, : alone.shape[0], : alone.shape[1]], alone, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_the_server_answers_a_kserve_client_with_ctranslate2(repository, converted):
     import tritonclient.http as httpclient
 
@@ -138,8 +139,8 @@ def test_the_int8_variant_is_served_by_ctranslate2_when_its_gate_passed(converte
                                                                         tmp_path):
     """quantize@'s int8 conversion (int8 weights), scored on what the server answers, and publish's
     `<name>-int8` served by it; with its gate failed the variant is the int8 graphs' alone."""
-    from pipeline.publish import publish_int8
-    from pipeline.quantize import gate
+    from pipeline.stages.publish import publish_int8
+    from pipeline.stages.quantize import gate
     from pipeline.tasks.translation_de_en import score_beam
 
     bar = [{"metric": "bleu_beam", "op": ">=", "value": 0.0}]

@@ -30,6 +30,8 @@ from packaging.utils import canonicalize_name
 
 from tests.conftest import ROOT, stop_process
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 DOCKERFILE, DOCKERIGNORE = ROOT / "Dockerfile", ROOT / ".dockerignore"
 KSERVE = ROOT / "deploy" / "kserve"
 RUNTIME, ISVC = KSERVE / "serving-runtime.yaml", KSERVE / "inference-service.yaml"
@@ -348,7 +350,7 @@ def image_like(tmp: Path) -> tuple[Path, Path]:
 
 def publish_tiny(repo: Path, work: Path) -> np.ndarray:
     """A one-graph model (y = x @ w, batch axis free) published as the pipeline publishes: `tiny`."""
-    from pipeline.publish import write_version
+    from pipeline.stages.publish import write_version
 
     w = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
     tiny_onnx(work / "tiny", {"x": ["batch", 3]}, {"y": ["batch", 2]}, w)
@@ -469,7 +471,7 @@ def test_single_graph_config_batches_when_every_axis_0_is_free(tmp_path):
     ({"x": ["n", "t"]}, {"y": ["n"]}, "ReduceMax", 64, ([-1], [])),  # a batch-only output: [1] reshaped to []
 ], ids=["fixed", "reduced-over-axis-0", "batch-only-output"])
 def test_single_graph_config_keeps_shapes_without_a_free_batch_axis(tmp_path, inputs, outputs, op, batch, dims):
-    from pipeline.publish import config_pbtxt
+    from pipeline.stages.publish import config_pbtxt
 
     w = np.ones((3, 2), dtype=np.float32)
     if op != "MatMul":

@@ -156,6 +156,7 @@ def test_docs_read_as_reference_not_as_a_work_log():
     assert not offenders, f"{len(offenders)} line(s) read as a work log:\n" + "\n".join(offenders)
 
 
+@pytest.mark.integration
 def test_results_table_is_generated_from_the_committed_metrics():
     # docs/results.md's table of every entry is scripts/results_table.py's output for the
     # committed runs/*/metrics.json: a retrained model's numbers cannot drift from it.
@@ -203,6 +204,7 @@ def _readme_commands() -> list[list[str]]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
+@pytest.mark.integration
 def test_every_readme_command_names_real_commands_options_and_entries():
     # The README's code blocks drift when a command or option is renamed: each `attnzoo` line must
     # name a command, options its --help lists and params.yaml entries; each `dvc repro` target a
@@ -219,7 +221,7 @@ def test_every_readme_command_names_real_commands_options_and_entries():
             if argv[1].startswith("-"):
                 continue  # attnzoo --help / --version: tests/test_cli.py
             if argv[1] not in helps:
-                done = subprocess.run([sys.executable, "-m", "pipeline.cli", argv[1], "--help"], cwd=ROOT,
+                done = subprocess.run([sys.executable, "-m", "pipeline.runner.cli", argv[1], "--help"], cwd=ROOT,
                                       capture_output=True, text=True, timeout=120)
                 assert done.returncode == 0, (argv, done.stderr)
                 helps[argv[1]] = done.stdout
@@ -235,6 +237,7 @@ def test_every_readme_command_names_real_commands_options_and_entries():
             assert re.search(rf"^{re.escape(argv[1])}:", makefile, flags=re.M), argv
 
 
+@pytest.mark.integration
 def test_readme_plots_commands_draw_the_learning_curve_they_name():
     # `dvc plots show FILE... -x X -y Y` lines run here on the committed learning curves (they are
     # `cache: false` plots of train@, in git): every file gives points with both fields, x rising.

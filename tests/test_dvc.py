@@ -7,7 +7,7 @@ repository reduced to one task (``copy``) and one tiny model (``ntm``):
 - a remote that refuses a push fails loudly and leaves the local cache intact.
 
 The tests share one repository (one ``dvc repro train@ntm``: about a minute, most of it Ray
-starting the tune stage) and run in file order; the last one edits ``pipeline/train.py``.
+starting the tune stage) and run in file order; the last one edits ``pipeline/stages/train.py``.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_push_to_a_refusing_remote_fails_and_keeps_the_cache(tiny_repo, tmp_path
     assert proc.returncode != 0, message
     assert "Not a directory" in message and str(remote) in message, message
     # attnzoo push: the same failure as one sentence naming the remote and the fix, exit 2
-    proc = dvc([sys.executable, "-m", "pipeline.cli", "push", "-r", "broken"], repo, env, ok=False)
+    proc = dvc([sys.executable, "-m", "pipeline.runner.cli", "push", "-r", "broken"], repo, env, ok=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(errors) == 1 and "remote 'broken'" in errors[0] and str(remote) in errors[0], proc.stderr
@@ -133,7 +133,7 @@ def test_training_code_change_retrains_from_step_zero(tiny_repo):
     with (repo / "pipeline" / "train.py").open("a") as f:
         f.write("# a harmless change: the stage must still re-run and train afresh\n")
     status = dvc(["dvc", "status", "train@ntm"], repo, env).stdout
-    assert "pipeline/train.py" in status, status
+    assert "pipeline/stages/train.py" in status, status
     # --single-item: tune@ntm imports train.py too and would re-run (Ray, ~45 s here); train is the question.
     proc = dvc(["dvc", "repro", "--single-item", "train@ntm"], repo, env)
     out = proc.stdout + proc.stderr

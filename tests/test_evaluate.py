@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.evaluate import check_bar
-from pipeline.report import report
+from pipeline.bars import check_bar
+from pipeline.stages.report import report
 
 
 def test_check_bar_all_conditions_must_hold():
@@ -58,7 +58,7 @@ def test_report_shows_each_model_minus_its_attention_none_ablation_by_length(tmp
 def test_the_report_stage_logs_its_table_and_plot_to_mlflow(tmp_path, monkeypatch, capsys):
     import mlflow
 
-    from pipeline import report as stage
+    from pipeline.stages import report as stage
 
     write_rows(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -95,7 +95,7 @@ def test_translation_evaluation_scores_per_source_against_the_copy_floor(tmp_pat
     import torch
 
     import models
-    from pipeline.prepare import prepare
+    from pipeline.stages.prepare import prepare
     from pipeline.tasks.translation_de_en import evaluate_translation
     from tests.conftest import TINY
     from tests.test_pipeline_smoke import SMOKE_CORPUS

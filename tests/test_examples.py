@@ -209,6 +209,7 @@ def test_ocr_words_item_is_prepares(tmp_path):
     assert (mine["text"], mine["tgt"], mine["font"]) == (theirs["text"], theirs["tgt"], theirs["font"])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
 def test_spoken_digits_item_is_prepares(tmp_path):
     """The WAV's audio (before its 16-bit rounding) gives test item 0's features exactly."""

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
 
 
+@pytest.mark.integration
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
     import torch
 
@@ -152,7 +153,7 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     params["models"] = {m: params["models"][m] for m in ("pointer_sort", "act_parity", "transformer")}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for task in ("parity", "sort"):
-        subprocess.run([sys.executable, "-m", "pipeline.prepare", task], cwd=repo, env=env, check=True,
+        subprocess.run([sys.executable, "-m", "pipeline.stages.prepare", task], cwd=repo, env=env, check=True,
                        capture_output=True, timeout=300)
 
     def check(*args: str, models=("pointer_sort", "act_parity"), timeout: int = 600) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.prepare import prepare
+from pipeline.stages.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
 from tests.test_multinode import free_port, kill_tree, signal_tree
 

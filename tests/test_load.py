@@ -8,8 +8,12 @@ from __future__ import annotations
 import importlib.util
 import threading
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.test_serving_production import start_server
+
+pytestmark = pytest.mark.integration  # starts servers or processes
 
 RSS_GROWTH_MIB = 200  # the server's RSS after the load may be at most this much above its RSS before
 

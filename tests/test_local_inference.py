@@ -31,6 +31,7 @@ def test_local_answers_equal_the_servers_for_every_kind(server):  # noqa: F811
     assert err.value.status == 400
 
 
+@pytest.mark.integration
 def test_predict_and_translate_commands_run_locally_as_on_the_server(server, tmp_path):  # noqa: F811
     repo = str(server.published.repo)
     for mode in ("greedy", "beam"):
@@ -52,6 +53,7 @@ def test_predict_and_translate_commands_run_locally_as_on_the_server(server, tmp
     assert [outs["--local"][0], *outs["--local"][2:]] == want
 
 
+@pytest.mark.integration
 def test_predict_answers_several_inputs_in_order_each_after_its_input(server, tmp_path):  # noqa: F811
     repo = str(server.published.repo)
     proc = cli("predict", "bahdanau", *TEXTS[:2], "--local", "--repository", repo, "--decode", "greedy")
@@ -69,6 +71,7 @@ def test_predict_answers_several_inputs_in_order_each_after_its_input(server, tm
     assert proc.stdout.splitlines() == [f"{path}\t{pred}" for path, pred in zip(images, preds)]
 
 
+@pytest.mark.integration
 def test_local_errors_are_one_sentence_and_write_nothing(tmp_path):
     proc = cli("predict", "bahdanau", "Hallo", "--local", "--repository", str(tmp_path))
     assert proc.returncode == 2
@@ -84,6 +87,7 @@ def test_local_errors_are_one_sentence_and_write_nothing(tmp_path):
     assert proc.returncode != 0 and proc.stderr.startswith("error: cannot read") and not target.exists()
 
 
+@pytest.mark.integration
 def test_translate_writes_the_n_best_hypotheses_with_their_scores(server, tmp_path):  # noqa: F811
     source = tmp_path / "de.txt"
     source.write_text("\n".join([TEXTS[0], "", TEXTS[1]]) + "\n", encoding="utf-8")

@@ -8,7 +8,7 @@ import json
 import mlflow
 import numpy as np
 
-from pipeline.publish import register
+from pipeline.stages.publish import register
 from tests.conftest import TINY, Planted, tiny_batch
 from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _same

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipeline.config import UserError
-from pipeline.prepare import prepare
+from pipeline.stages.prepare import prepare
 from tests.conftest import TINY, copy_repo, venv_env
 from tests.mlflow_server import free_port, mlflow_server
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 PARITY = {"seed": 1, "bits": 6, "train_size": 256, "val_size": 32, "test_size": 300}  # export's cases use 264
 # The five stages, each through its CLI entry point, in one interpreter: a process per stage would
 # spend most of this test importing torch and MLflow (ACT on parity: the tiny model whose export is fastest).
-STAGES = ("from pipeline import train, evaluate, export, quantize, publish\n"
+STAGES = ("from pipeline.stages import evaluate, export, publish, quantize, train\n"
           "for stage in (train, evaluate, export, quantize, publish): stage.main(['act'])")
 
 
@@ -166,7 +166,8 @@ def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
     # The stage CLI: exit code 2, one line, no traceback, long before MLflow's retries would give up
     # (minutes). Most of the bound is importing torch and MLflow on a busy machine.
     started = time.monotonic()
-    proc = stage(repo, dead, "-m", "pipeline.train", "act", "--out", str(repo / "runs" / "unreachable"), timeout=120)
+    proc = stage(repo, dead, "-m", "pipeline.stages.train", "act", "--out", str(repo / "runs" / "unreachable"),
+                 timeout=120)
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -176,7 +177,7 @@ def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
 
     # publish refuses before it writes a version, which a re-run would find unchanged and never register
     from pipeline.config import resolve
-    from pipeline.publish import publish
+    from pipeline.stages.publish import publish
 
     versions = sorted(p.name for p in (repo / "model_repository" / "act").glob("*"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
@@ -189,7 +190,7 @@ def test_publish_refuses_graphs_whose_parity_failed(repo, server, monkeypatch):
     """Nothing of a model whose ONNX graphs do not compute what PyTorch computes enters the
     repository or the registry: one sentence, exit 2 from the CLI."""
     from pipeline.config import resolve
-    from pipeline.publish import publish
+    from pipeline.stages.publish import publish
 
     parity = repo / "runs" / "act" / "parity.json"
     kept = parity.read_text()
@@ -199,7 +200,7 @@ def test_publish_refuses_graphs_whose_parity_failed(repo, server, monkeypatch):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server[0])
         with pytest.raises(UserError, match="ONNX parity failed .* nothing was published"):
             publish(resolve("act", root=repo), root=repo)
-        proc = stage(repo, server[0], "-m", "pipeline.publish", "act", timeout=120)
+        proc = stage(repo, server[0], "-m", "pipeline.stages.publish", "act", timeout=120)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert [line for line in proc.stderr.splitlines() if line.startswith("error:")][0].endswith(
             "run `dvc repro export@act`"), proc.stderr

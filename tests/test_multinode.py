@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.prepare import prepare
+from pipeline.stages.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
 
 pytestmark = pytest.mark.slow
@@ -186,7 +186,7 @@ def test_dvc_repro_trains_on_two_torchrun_nodes_via_the_launcher_variable(tmp_pa
     head = subprocess.Popen(["dvc", "repro", "train@ntm"], cwd=repo, env=launcher(0), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     # node 1 joins the rendezvous; torchrun waits there until dvc has prepared the data on node 0
-    other = subprocess.Popen([sys.executable, "-m", "pipeline.train", "ntm"], cwd=repo, env=launcher(1),
+    other = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train", "ntm"], cwd=repo, env=launcher(1),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     logs = finish_together([head, other], timeout=600)
     assert head.returncode == 0 and other.returncode == 0, "\n\n".join(log[-3000:] for log in logs)

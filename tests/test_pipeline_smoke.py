@@ -51,7 +51,7 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
 
 def attnzoo_repro(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     """``attnzoo repro ARGS`` as a user runs it (``make repro`` is ``--jobs <cores>``)."""
-    return subprocess.run(["python", "-m", "pipeline.cli", "repro", *args], cwd=repo, env=env,
+    return subprocess.run(["python", "-m", "pipeline.runner.cli", "repro", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=3600)
 
 
@@ -103,7 +103,7 @@ def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
     # params.yaml out again in the same work folder and goes on, leaving the checkout as it was. Only
     # the failed branch runs (its tune@ too: its params changed back).
     before = checkout_state()
-    second = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--profile", "smoke", "--workdir",
+    second = subprocess.run([sys.executable, "-m", "pipeline.runner.cli", "repro", "--profile", "smoke", "--workdir",
                              str(repo), "--jobs", "2"], cwd=profiles.ROOT, capture_output=True, text=True,
                             timeout=3600, env={k: v for k, v in env.items() if k not in ("PYTHONPATH",
                                                                                           "MLFLOW_TRACKING_URI")})

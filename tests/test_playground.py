@@ -35,6 +35,8 @@ import playground_shot  # noqa: E402  (scripts/ is not a package)
 
 from tests.test_serving_production import start_server, stop
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 NO_BROWSER = "headless Chromium is missing: apt-get install chromium chromium-driver (scripts/setup.sh does)"
 

@@ -14,14 +14,17 @@ import time
 from pathlib import Path
 
 import mlflow
+import pytest
 import torch
 import yaml
 
 import models
-from pipeline.export import export_onnx
-from pipeline.prepare import prepare
+from pipeline.stages.export import export_onnx
+from pipeline.stages.prepare import prepare
 from serving.repository import Repository
 from tests.conftest import ROOT, TINY
+
+pytestmark = pytest.mark.integration  # starts servers or processes
 
 # Publishes versions start..stop-1 of `ntm` in the scratch project argv[1], one after another: each
 # with other serving limits, so each is a new version, registered in MLflow like the pipeline's.
@@ -29,7 +32,7 @@ WRITER = """
 import dataclasses, sys
 from pathlib import Path
 from pipeline.config import resolve
-from pipeline.publish import publish
+from pipeline.stages.publish import publish
 root, start, stop = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 run = resolve("ntm", root=root)
 for i in range(start, stop):

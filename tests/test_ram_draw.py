@@ -164,7 +164,7 @@ def test_ram_inference_glimpses_sit_on_the_location_grid():
 def test_draw_bound_stays_finite_in_onnx_for_saturated_canvases(tmp_path):
     """A trained canvas holds logits far below -100 on the background; the exported bound must not
     turn them into log(0) (the exporter's binary_cross_entropy_with_logits did)."""
-    from pipeline.export import export_onnx
+    from pipeline.stages.export import export_onnx
     from serving.runtime import OrtGraph
 
     torch.manual_seed(0)

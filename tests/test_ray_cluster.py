@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from pipeline.cluster import check_address
 from pipeline.config import UserError
-from pipeline.prepare import prepare
-from pipeline.tune import check_address, pick_best
+from pipeline.stages.prepare import prepare
+from pipeline.stages.tune import pick_best
 from tests.conftest import TINY, copy_repo, venv_env
 from tests.mlflow_server import mlflow_server
 from tests.ray_cluster import alive_nodes, free_port, ray_cluster
@@ -51,7 +52,7 @@ def repo(tmp_path_factory):
 
 
 def tune(repo: Path, space: dict, env: dict[str, str], timeout: float = TUNE_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m pipeline.tune ntm`` over ``space`` with a 6-step budget, one sample per grid point."""
+    """``python -m pipeline.stages.tune ntm`` over ``space`` with a 6-step budget, one sample per grid point."""
     model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
     params = {"train": {}, "tune": {"num_samples": 1, "max_steps": 6, "eval_every": 3, "grace_period": 2,
                                     "cpus_per_trial": 1},
@@ -59,7 +60,7 @@ def tune(repo: Path, space: dict, env: dict[str, str], timeout: float = TUNE_TIM
                                  "train": {"batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     (repo / "runs" / "ntm" / "tuned.yaml").unlink(missing_ok=True)
-    return subprocess.run([sys.executable, "-m", "pipeline.tune", "ntm"], cwd=repo, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.stages.tune", "ntm"], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

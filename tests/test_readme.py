@@ -18,6 +18,8 @@ from pipeline import profiles
 from tests.conftest import ROOT
 from tests.test_pipeline_smoke import checkout_state
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 README = ROOT / "README.md"
 
 # Each kind of README command line -> the test that runs it (file::function). A new command in the
@@ -80,7 +82,7 @@ def quickstart(tmp_path_factory):
     """`attnzoo quickstart --profile smoke` in a scratch folder: (its work folder, what it printed)."""
     work = tmp_path_factory.mktemp("quickstart") / "work"
     before = checkout_state()
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "quickstart", "--profile", "smoke", "--workdir",
+    done = subprocess.run([sys.executable, "-m", "pipeline.runner.cli", "quickstart", "--profile", "smoke", "--workdir",
                            str(work), "--jobs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert checkout_state() == before
@@ -117,7 +119,7 @@ def test_readme_single_stage_block_runs_as_written(quickstart, tmp_path):
     env = {**profiles.env_for(work), "PATH": f"{sys.prefix}/bin:" + os.environ["PATH"]}
     for argv in lines:
         argv = [str(tmp_path / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
-        cmd = argv if argv[0] == "dvc" else [sys.executable, "-m", "pipeline.cli", *argv[1:]]
+        cmd = argv if argv[0] == "dvc" else [sys.executable, "-m", "pipeline.runner.cli", *argv[1:]]
         done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, (argv, done.stdout[-3000:], done.stderr[-3000:])
         if argv[1] == "publish":

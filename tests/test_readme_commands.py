@@ -28,6 +28,8 @@ from tests.conftest import ROOT, TINY, stop_process
 from tests.serving_repo import _Publisher
 from tests.test_cli import cli
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 README = ROOT / "README.md"
 # What `predict` reads as a file (serving/client.py): images, WAV, .npy, JSON; `translate -i`: text.
 FILE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".wav", ".npy", ".json", ".txt"}
@@ -158,7 +160,7 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
     # As written, but loopback only and a free port: --host/--port replaced, --repository the tiny one.
     swap = {"--host": "127.0.0.1", "--port": str(port), "--repository": str(repo)}
     argv = [swap.get(serve[i - 1], a) if i else a for i, a in enumerate(serve)]
-    server = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv[1:]], cwd=tmp,
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.runner.cli", *argv[1:]], cwd=tmp,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"

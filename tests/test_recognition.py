@@ -54,6 +54,7 @@ def test_stacking_puts_three_frames_side_by_side_and_pads_the_last_group():
     np.testing.assert_array_equal(stacked[2], [12, 13, 0, 0, 0, 0])
 
 
+@pytest.mark.integration
 def test_espeak_synthesis_is_16khz_speech_and_noise_follows_the_snr():
     from pipeline.tasks.spoken_digits import add_noise, synthesise
 
@@ -188,7 +189,9 @@ def test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns(attentio
 
 
 @pytest.mark.parametrize("task_name,arch,extra", [
-    ("ocr_words", "attention_ocr", {"height": 32}), ("spoken_digits", "speech_attention", {"input_size": 120})])
+    ("ocr_words", "attention_ocr", {"height": 32}),
+    pytest.param("spoken_digits", "speech_attention", {"input_size": 120},
+                 marks=pytest.mark.integration)])  # espeak-ng synthesises its speech: a process
 def test_evaluation_on_tiny_prepared_data_survives_decodes_without_eos(task_name, arch, extra, tmp_path):
     """prepare → evaluate with a model that runs out of max_len (no EOS step: the plots must cope)."""
     import json

@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import models
-from pipeline.export import compare_decisions, export_onnx, parity_check
+from pipeline.stages.export import compare_decisions, export_onnx, parity_check
 from tests.conftest import TINY, tiny_batch
 
 

@@ -2,7 +2,7 @@
 a resume and a sequential re-run to compare, is tests/test_pipeline_smoke.py; the scheduler on its
 own is tests/test_repro_schedule.py.
 
-The test runs the real runner as a user would (``python -m pipeline.cli repro``) in a copy of the
+The test runs the real runner as a user would (``python -m pipeline.runner.cli repro``) in a copy of the
 repository with tiny params, and then asks DVC itself whether anything is left to do.
 """
 

@@ -1,6 +1,6 @@
 """One ``attnzoo repro`` per repository at a time: a second one started beside it stops at once with
 one sentence and runs nothing, and a run killed with SIGKILL leaves no lock behind. Real runs of the
-runner (``python -m pipeline.cli repro``) in a smoke-profile copy of the repository."""
+runner (``python -m pipeline.runner.cli repro``) in a smoke-profile copy of the repository."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TARGET = "train@rnn_parity"
 
 
 def _runner(work, *args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", "1", *args], cwd=work,
+    return subprocess.Popen([sys.executable, "-m", "pipeline.runner.cli", "repro", "--jobs", "1", *args], cwd=work,
                             env=profiles.env_for(work), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, **kw)
 
@@ -40,7 +40,7 @@ def test_a_second_repro_stops_with_one_sentence_and_a_killed_one_leaves_no_lock(
     try:
         _holding(work, first)
         os.killpg(first.pid, signal.SIGSTOP)  # frozen while holding the lock: it cannot finish first
-        second = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", "1", TARGET], cwd=work,
+        second = subprocess.run([sys.executable, "-m", "pipeline.runner.cli", "repro", "--jobs", "1", TARGET], cwd=work,
                                 env=profiles.env_for(work), capture_output=True, text=True, timeout=300)
         os.killpg(first.pid, signal.SIGCONT)
         assert second.returncode == 2, second.stdout + second.stderr
@@ -60,7 +60,7 @@ def test_a_second_repro_stops_with_one_sentence_and_a_killed_one_leaves_no_lock(
     _holding(work, killed)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
-    after = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", "--jobs", "1", TARGET], cwd=work,
+    after = subprocess.run([sys.executable, "-m", "pipeline.runner.cli", "repro", "--jobs", "1", TARGET], cwd=work,
                            env=profiles.env_for(work), capture_output=True, text=True, timeout=600)
     assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-3000:]
     assert "another attnzoo repro" not in after.stderr

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from pipeline import repro
+from pipeline.runner import dvc_lock, repro
 
 
 @pytest.fixture
@@ -32,6 +32,7 @@ def _threads(tmp_path, name: str) -> int:
     return int((tmp_path / f"{name}.threads").read_text())
 
 
+@pytest.mark.integration
 def test_a_stage_that_nothing_can_run_beside_gets_every_core(tmp_path, no_dvc):
     # prepare -> (train@x, train@y) -> report: the two trainings share the cores, the stages
     # before and after them run alone and get all of them.
@@ -50,6 +51,7 @@ def test_a_stage_that_nothing_can_run_beside_gets_every_core(tmp_path, no_dvc):
     assert executor.free == 2  # every slot given back
 
 
+@pytest.mark.integration
 def test_a_failure_blocks_only_its_downstream(tmp_path, no_dvc):
     graph = {"train@x": set(), "evaluate@x": {"train@x"}, "train@y": set(), "evaluate@y": {"train@y"}}
     executor = repro.LocalExecutor(tmp_path, jobs=2)
@@ -61,6 +63,7 @@ def test_a_failure_blocks_only_its_downstream(tmp_path, no_dvc):
     assert "train@x (exit code 3)" in repro.summarize(nodes, 1.0)
 
 
+@pytest.mark.integration
 def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_training(tmp_path, monkeypatch):
     # A fresh clone: prepare@t re-makes its data identically, so tune@x (a search: every slot) is
     # up to date. While train@y holds one of the two slots, tune@x must be found up to date at
@@ -82,6 +85,7 @@ def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_tra
     assert started_x < float((tmp_path / "train_y.end").read_text()) - 1.0
 
 
+@pytest.mark.integration
 def test_a_tune_takes_the_free_slot_when_a_training_holds_the_other(tmp_path, no_dvc):
     # train@y (one slot) starts first; tune@x (a search: every slot) would otherwise wait the whole
     # training for both. Nothing else can start, so it starts now on the free slot, and the local Ray
@@ -106,6 +110,7 @@ def test_a_tune_takes_the_free_slot_when_a_training_holds_the_other(tmp_path, no
     assert executor.free == 2
 
 
+@pytest.mark.integration
 def test_a_stage_ranked_above_the_tune_takes_the_free_slot_first(tmp_path, no_dvc):
     # train@y and evaluate@z rank above tune@x and start first; when evaluate@z ends, the tune takes
     # the slot it left (one thread) instead of waiting for train@y's as well.
@@ -143,7 +148,7 @@ def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tm
         fd.write("stages: {a: {cmd: x}}\n")
 
     # DVC's lock file dump: parse the file, update the stages' entries, write it back
-    with repro._LockWrites()(), _common._modify_data(lock, lambda text, path: text, dumper):
+    with dvc_lock._LockWrites()(), _common._modify_data(lock, lambda text, path: text, dumper):
         pass
     assert seen == ["schema: '2.0'\nstages: {}\n"]
     assert lock.read_text() == "schema: '2.0'\nstages: {a: {cmd: x}}\n"
@@ -151,6 +156,7 @@ def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tm
     assert _common._dump_data.__module__ == _common.__name__  # DVC's own writer again afterwards
 
 
+@pytest.mark.integration
 def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_parsing_it_again(tmp_path, monkeypatch):
     """After ``dvc repro`` of a first stage, two stages committed one after another by the runner (the
     lock file parsed once, then its dumped structure reused) and by ``dvc commit``: the same
@@ -193,3 +199,21 @@ def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_par
         lock_texts.append((root / "dvc.lock").read_text())
     assert "s2:" in lock_texts[0]
     assert lock_texts[0] == lock_texts[1]
+
+
+def test_dvc_is_a_version_the_lock_writes_are_tested_on():
+    """dvc_lock wraps two DVC internals: pyproject.toml pins DVC's minor version, the installed DVC is
+    in that range, and the internals are where the wrapper looks for them."""
+    import tomllib
+    from importlib.metadata import version
+
+    from dvc.utils.serialize import _common, _yaml
+    from packaging.requirements import Requirement
+
+    from pipeline.config import ROOT
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    dvc = next(Requirement(d) for d in deps if Requirement(d).name == "dvc")
+    assert dvc.specifier.contains(version("dvc")), (str(dvc.specifier), version("dvc"))
+    assert any(s.operator == "<" for s in dvc.specifier), "an upper bound: a later DVC may move its internals"
+    assert callable(_common._dump_data) and callable(_yaml.parse_yaml_for_update)

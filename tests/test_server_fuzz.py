@@ -42,6 +42,8 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT
 from tests.test_serving_production import start_server, stop
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 MIN_REQUESTS = 5000
 TIMEOUT = (5, 30)  # connect, read: per request, seconds
 FUZZ_BUDGET_S = 85.0  # all phases together; each phase also has its own cap below

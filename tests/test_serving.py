@@ -30,6 +30,8 @@ from serving.repository import Repository
 from tests.conftest import ROOT, TINY, tiny_batch
 from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -456,7 +458,7 @@ def test_client_and_predict_cli_report_errors_in_one_line(server):
     with pytest.raises(ServerError, match="unknown model"):
         server.client.infer("nope", {"x": np.zeros((1, 1, 5), np.float32)})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "pipeline.cli", "predict", "--url", server.url]
+    cli = [sys.executable, "-m", "pipeline.runner.cli", "predict", "--url", server.url]
     out = subprocess.run(cli + ["bahdanau", TEXTS[0], "--decode", "greedy"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == server.client.translate("bahdanau", TEXTS[:1], "greedy")[0][
         "translation"]
@@ -477,7 +479,7 @@ def test_client_and_predict_cli_report_errors_in_one_line(server):
     assert "peak at row" in out.stdout
     out = subprocess.run(cli + ["captioner", str(ROOT / "README.md")], capture_output=True, text=True, env=env)
     assert out.returncode != 0 and "cannot read the image" in out.stderr and "Traceback" not in out.stderr
-    down = [sys.executable, "-m", "pipeline.cli", "predict", "--url", "http://127.0.0.1:9", "ntm", "{}"]
+    down = [sys.executable, "-m", "pipeline.runner.cli", "predict", "--url", "http://127.0.0.1:9", "ntm", "{}"]
     out = subprocess.run(down, capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
 

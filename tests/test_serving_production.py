@@ -24,6 +24,8 @@ from serving.client import Client
 from tests.conftest import ROOT, TINY, tiny_batch
 from tests.test_serving import TEXTS, _free_port, _metric, raw, server  # noqa: F401
 
+pytestmark = pytest.mark.integration  # starts servers or processes
+
 
 def start_server(repo: Path, *flags: str) -> SimpleNamespace:
     port = _free_port()
@@ -207,8 +209,8 @@ def repo(tmp_path_factory):
     production flag); `unpromoted` with one version that failed its bar; `capped`, whose answers may
     have 2,000 values; a stray '²' folder; `ntm-int8` with no version (publish leaves the folder of an
     int8 variant whose gate failed)."""
-    from pipeline.export import export_onnx
-    from pipeline.publish import serving_meta, write_version
+    from pipeline.stages.export import export_onnx
+    from pipeline.stages.publish import serving_meta, write_version
 
     tmp = tmp_path_factory.mktemp("production")
     root = tmp / "model_repository"

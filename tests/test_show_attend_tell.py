@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import models
-from pipeline.export import export_onnx, parity_check
+from pipeline.stages.export import export_onnx, parity_check
 from pipeline.tasks.mnist_captions import CELL, caption, make_layouts, peak_on_digit, relation, render
 from tests.conftest import TINY, tiny_batch
 

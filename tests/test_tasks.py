@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.corpus.dictionary import DICT, extract_pairs
-from pipeline.prepare import prepare
+from pipeline.stages.prepare import prepare
 from pipeline.tasks import TaskError, get_task
 from pipeline.tasks.copy import CopyTask
 from pipeline.tasks.translation_de_en import TranslationTask
+from pipeline.tasks.translation_de_en.corpus.dictionary import DICT, extract_pairs
 
 INSTALLED = Path("/") / DICT  # make setup installs dict-de-en
 
@@ -195,7 +195,7 @@ def test_unknown_task():
 
 @pytest.mark.skipif(not INSTALLED.exists(), reason="needs Debian dict-de-en (make setup installs it)")
 def test_real_dictionary_yields_enough_sentence_pairs(tmp_path):
-    from pipeline.corpus import get_source
+    from pipeline.tasks.translation_de_en.corpus import get_source
 
     pairs = [(p.de, p.en) for p in get_source("dictionary").pairs({"dict-de-en": Path("/")}, {}, tmp_path)]
     assert len(set(pairs)) > 15000

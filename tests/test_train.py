@@ -11,8 +11,10 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline.config import TrainConfig, UserError, resolve
-from pipeline.prepare import prepare
-from pipeline.train import bucket_batches, lr_lambda, mean_weights, shard, token_batches, train
+from pipeline.stages.prepare import prepare
+from pipeline.training.batches import bucket_batches, shard, token_batches
+from pipeline.training.loop import lr_lambda, train
+from pipeline.training.validation import mean_weights
 from tests.conftest import TINY
 
 
@@ -198,7 +200,7 @@ def test_run_identity_covers_exactly_the_code_dvc_retrains_for():
     resume the finished checkpoint of the old code; one the identity has but DVC lacks would never
     re-run the stage."""
     from pipeline.config import ROOT
-    from pipeline.train import TRAIN_CODE
+    from pipeline.training.resume import TRAIN_CODE
 
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]
     code = {d.replace("${item.arch}", "{arch}") for d in stage["deps"]
@@ -209,7 +211,7 @@ def test_run_identity_covers_exactly_the_code_dvc_retrains_for():
 def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
     import shutil
 
-    import pipeline.train as train_mod
+    import pipeline.training.resume as train_mod
 
     run = resolve("ntm", root=root)
     before = train_mod.config_hash(run)
@@ -235,11 +237,11 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
     none to the pipeline's runs/, results/, model_repository/ or MLflow registry."""
     import sqlite3
 
-    from pipeline.config import UserError, at_run_dir
-    from pipeline.evaluate import evaluate
-    from pipeline.export import export
-    from pipeline.publish import publish
-    from pipeline.quantize import quantize, settings
+    from pipeline.config import UserError, at_run_dir, load_params
+    from pipeline.stages.evaluate import evaluate
+    from pipeline.stages.export import export
+    from pipeline.stages.publish import publish
+    from pipeline.stages.quantize import quantize, settings
 
     # the parity gate reads real test sequences of lengths 10, 20 and 40
     prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
@@ -252,7 +254,7 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
     assert json.loads((adhoc / "results" / "copy" / "ntm.json").read_text())["model"] == "ntm"
     assert export(run)["passed"] and json.loads((adhoc / "parity.json").read_text())["passed"]
     assert (adhoc / "onnx").is_dir() and (adhoc / "results" / "copy" / "ntm.latency.json").exists()
-    gate = quantize(run, settings("ntm", {}))["gate"]
+    gate = quantize(run, settings("ntm", load_params()))["gate"]  # the shipped params.yaml quantize block
     meta = publish(run, root=root, repository=adhoc / "model_repository")
     version = adhoc / "model_repository" / "ntm" / "1"
     assert meta["version"] == 1 and json.loads((version / "metadata.json").read_text())["run_dir"] == str(adhoc)
@@ -270,10 +272,10 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
 def test_bf16_autocast_trains_an_lstm_model_on_this_cpu():
     """The translation entries train with precision bf16 (params.yaml); Luong's encoder is an
     ``nn.LSTM``, which oneDNN cannot run under bf16 autocast on CPUs without native bf16. The loop
-    keeps such layers in fp32 there: loss and gradients as ``pipeline/train.py`` computes them are
+    keeps such layers in fp32 there: loss and gradients as ``pipeline/stages/train.py`` computes them are
     finite on any CPU, and on a CPU with bf16 nothing is kept back."""
     import models
-    from pipeline.train import cpu_runs_bf16, keep_rnns_fp32
+    from pipeline.training.precision import cpu_runs_bf16, keep_rnns_fp32
     from tests.conftest import tiny_batch
 
     torch.manual_seed(0)
@@ -296,7 +298,7 @@ def test_a_recurrent_layer_kept_in_fp32_computes_exactly_what_it_computes_withou
     from torch import nn
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    import pipeline.train as train_module
+    import pipeline.training.precision as train_module
 
     class Net(nn.Module):
         def __init__(self):
@@ -334,7 +336,7 @@ def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
     import torch
 
     import models.ntm as ntm
-    import pipeline.train as train_module
+    import pipeline.training.precision as train_module
 
     monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: True)
 
@@ -369,7 +371,7 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_exactly_as_fp32(root, monkeypa
     faster there: no step runs under autocast, the weights are bit for bit the fp32 run's, the log
     says why, and train_summary.json records the precision used. An fp32 run records nothing."""
     import models.ntm as ntm
-    import pipeline.train as train_module
+    import pipeline.training.precision as train_module
 
     monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: False)
     autocast = []

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.tasks.translation_de_en import EOS, TranslationTask  # noqa: E402
 
-SPECIALS = 4  # pad, bos, eos, unk: ids 0-3 (pipeline/tasks/translation_de_en.py); a peer adds its own
+SPECIALS = 4  # pad, bos, eos, unk: ids 0-3 (pipeline/tasks/translation_de_en/__init__.py); a peer adds its own
 SPLITS = {"train": "train", "val": "valid", "test": "test"}
 
 

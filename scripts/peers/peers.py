@@ -137,7 +137,7 @@ def attnzoo_speed(run_dir: Path) -> dict:
     second of its train_seconds."""
     from pipeline.config import resolve
     from pipeline.tasks.translation_de_en import TranslationTask
-    from pipeline.train import epoch_batches
+    from pipeline.training.batches import epoch_batches
 
     run = resolve(MODEL)
     summary = json.loads((run_dir / "train_summary.json").read_text())

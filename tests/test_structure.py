@@ -1,0 +1,124 @@
+"""The code's shape, read from its source: functions that fit a screen, no import cycle, stages that import
+no other stage, and nothing below the runner importing it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("models", "pipeline", "serving")
+MAX_LINES = 80  # docs/architecture.md: a function fits a screen
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the packages by its dotted name (a package by its ``__init__``)."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The project modules ``name`` imports, at the top or inside a function (``from pkg import mod``
+    names the module ``pkg.mod`` when there is one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # pipeline.stages.train.main -> pipeline.stages.train
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _is_package_of(a: str, b: str) -> bool:
+    return b.startswith(a + ".")
+
+
+def test_no_function_in_pipeline_or_serving_is_longer_than_a_screen():
+    long = []
+    for package in ("pipeline", "serving"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"split these into named steps (at most {MAX_LINES} lines each): {long}"
+
+
+def test_no_import_cycle_between_modules():
+    """A package's ``__init__`` importing the modules that register themselves in it is the one loop
+    allowed (its submodules' registration), so edges from a package into its own submodules are left out."""
+    edges = {a: {b for b in bs if not _is_package_of(a, b)} for a, bs in GRAPH.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(edges):
+        if name not in state:
+            cycle = visit(name)
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_graph_sees_the_imports_it_checks():
+    """The checks above read real edges: a stage's helpers, the runner's split, the registry's task."""
+    assert {"pipeline.entry", "pipeline.training.loop"} <= GRAPH["pipeline.stages.train"]
+    assert {"pipeline.runner.plan", "pipeline.runner.executors", "pipeline.runner.dvc_lock"} <= \
+        GRAPH["pipeline.runner.repro"]
+    assert "pipeline.bars" in GRAPH["pipeline.stages.publish"]
+
+
+@pytest.mark.parametrize("stage", sorted(n for n in MODULES if n.startswith("pipeline.stages.")))
+def test_a_stage_imports_no_other_stage_and_nothing_of_the_runner(stage):
+    bad = sorted(m for m in GRAPH[stage] if m.startswith(("pipeline.stages.", "pipeline.runner")))
+    assert not bad, f"{stage} imports {bad}: move what they share into a helper beside pipeline/stages/"
+
+
+def test_only_the_runner_imports_the_runner():
+    bad = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() for b in bs
+                 if b.startswith("pipeline.runner") and not a.startswith("pipeline.runner"))
+    assert not bad, bad
+
+
+def test_serving_imports_neither_torch_nor_the_pipeline():
+    """A serving host installs the base package and the serve extra: no torch, no training stack."""
+    for name, path in MODULES.items():
+        if not name.startswith("serving"):
+            continue
+        tree = ast.parse(path.read_text())
+        roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+        roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+        assert not roots & {"torch", "pipeline", "models"}, f"{name} imports {sorted(roots & {'torch', 'pipeline'})}"
