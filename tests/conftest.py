@@ -27,30 +27,41 @@ FAST = os.environ.get("ATTNZOO_TEST_FAST") == "1"
 PROBES = {"git", "uname", "ldconfig"}
 
 
-@pytest.fixture(autouse=True)
-def _fast_lane_starts_nothing(request, monkeypatch):
+RUNNING: dict[str, str] = {"test": "a fixture"}
+
+
+def pytest_runtest_setup(item):
+    RUNNING["test"] = item.nodeid
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_lane_starts_nothing():
+    """Session-wide, so a module's or the session's fixtures (a server, a published repository) are held
+    to it too."""
     if not FAST:
         yield
         return
     import socket
 
-    def refused(what):
-        def refuse(*args, **kwargs):
-            raise RuntimeError(f"{request.node.nodeid} {what} in the fast lane: mark it "
-                               "pytest.mark.integration (make test runs it)")
-        return refuse
+    def refuse(what):
+        raise RuntimeError(f"{RUNNING['test']} {what} in the fast lane: mark it pytest.mark.integration "
+                           "(make test runs it)")
 
-    popen, refuse = subprocess.Popen.__init__, refused("starts a process")
+    popen = subprocess.Popen.__init__
 
     def probes_only(self, args, *rest, **kwargs):
         program = (args.split()[0] if isinstance(args, str) else os.fspath(args[0])) if args else ""
         if os.path.basename(program) not in PROBES:
-            refuse()
+            refuse(f"starts a process ({os.path.basename(program)})")
         popen(self, args, *rest, **kwargs)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", probes_only)
-    monkeypatch.setattr(socket.socket, "listen", refused("listens on a socket"))
-    yield
+    def no_listen(self, *args):
+        refuse("listens on a socket")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", probes_only)
+        patch.setattr(socket.socket, "listen", no_listen)
+        yield
 
 
 SEQ2SEQ = ("bahdanau", "luong", "transformer")  # translation batches: src, src_len, tgt_in, tgt_out

@@ -425,12 +425,14 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
         a, b, equal_nan=a.dtype.kind in "fc")))
 
 
+@pytest.mark.integration
 def test_server_metadata_declares_the_extension(triton, server):  # noqa: F811
     meta = triton.get_server_metadata()
     assert "binary_tensor_data" in meta["extensions"] and meta["name"] == "attnzoo"
     assert server.client.server_metadata()["extensions"] == ["binary_tensor_data", "model_repository"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tritonclient_binary_and_json_and_our_client_get_identical_answers(triton, server, name):  # noqa: F811
     inputs, params = CASES[name]
@@ -456,6 +458,7 @@ def test_tritonclient_binary_and_json_and_our_client_get_identical_answers(trito
         assert _same(binary[n], ours[n]) and _same(binary[n], ours_binary[n]), n
 
 
+@pytest.mark.integration
 def test_one_output_binary_another_json(triton, server):  # noqa: F811
     inputs, _ = CASES["programmer"]
     full = server.client.infer("programmer", inputs)
@@ -471,6 +474,7 @@ def test_one_output_binary_another_json(triton, server):  # noqa: F811
         assert _same(result.as_numpy(n), full[n]), n
 
 
+@pytest.mark.integration
 def test_gzip_and_deflate_bodies_both_ways(triton, server):  # noqa: F811
     """tritonclient's request_ and response_compression_algorithm: bodies compressed both ways."""
     x = np.random.default_rng(1).integers(0, 2, (2, 40, 5)).astype(np.float32)  # answers of about 9 kB
@@ -493,6 +497,7 @@ def test_gzip_and_deflate_bodies_both_ways(triton, server):  # noqa: F811
         assert _same(result.as_numpy("logits"), full["logits"]) and _same(result.as_numpy("bits"), full["bits"])
 
 
+@pytest.mark.integration
 def test_tritonclient_sees_a_clear_error_for_bad_binary_input(triton, server):  # noqa: F811
     x = np.zeros((1, 2, 6), np.float32)  # ntm takes [-1, -1, 5]
     with pytest.raises(InferenceServerException) as caught:
@@ -535,6 +540,7 @@ RAW_BAD = [  # (body, headers, expected message)
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("body,headers,message", RAW_BAD, ids=[f"{i}-{b[2][:25]}" for i, b in enumerate(RAW_BAD)])
 def test_malformed_binary_bodies_over_http_are_400_and_the_server_carries_on(server, body, headers, message):  # noqa: F811
     status, got_headers, content = _post(server, "/v2/models/ntm/infer", body,
@@ -547,6 +553,7 @@ def test_malformed_binary_bodies_over_http_are_400_and_the_server_carries_on(ser
     assert server.client.ready()
 
 
+@pytest.mark.integration
 def test_raw_binary_request_over_http(server):  # noqa: F811
     x = CASES["act"][0]["x"][:1]
     status, headers, content = _post(server, "/v2/models/act/infer", x.tobytes(), {HEADER_LENGTH: "0"})

@@ -35,6 +35,7 @@ def _serving_table() -> dict[str, tuple[str, str]]:
     return rows
 
 
+@pytest.mark.integration  # the published fixture synthesises speech with espeak-ng
 @pytest.mark.parametrize("model", sorted(ROWS))
 def test_serving_doc_table_matches_the_served_metadata(published, model):
     inputs, outputs = _serving_table()[ROWS[model]]

@@ -12,6 +12,7 @@ from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _requests, _same
 
 
+@pytest.mark.integration
 def test_local_answers_equal_the_servers_for_every_kind(server):  # noqa: F811
     local = LocalClient(server.published.repo)
     for name, feeds, params in _requests():

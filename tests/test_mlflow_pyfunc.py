@@ -7,11 +7,14 @@ import json
 
 import mlflow
 import numpy as np
+import pytest
 
 from pipeline.stages.publish import register
 from tests.conftest import TINY, Planted, tiny_batch
 from tests.test_serving import TEXTS, server  # noqa: F401
 from tests.test_serving_production import _same
+
+pytestmark = pytest.mark.integration  # a server of its own (tests.test_serving)
 
 
 def test_registered_versions_load_as_pyfunc_and_answer_as_the_server(server, tmp_path, monkeypatch):  # noqa: F811
