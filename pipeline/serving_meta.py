@@ -59,3 +59,8 @@ def limits(run: RunConfig) -> dict:
     if unknown:
         raise UserError(f"{run.name}: unknown serving limit(s) {unknown} in params.yaml; known: {sorted(known)}")
     return Limits.of(run.limits).as_json()
+
+
+def serving_block(cfg, graphs: list[str], run: RunConfig) -> dict:
+    """The whole serving block a version carries: how its graphs are run, and its limits."""
+    return {**serving_meta(cfg, graphs, run), "limits": limits(run)}

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import torch
 
 import models
+from pipeline.serving_meta import serving_meta
 from pipeline.stages.export import export_onnx
-from pipeline.stages.publish import serving_meta, write_version
+from pipeline.stages.publish import write_version
 from tests.conftest import TINY
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",

@@ -14,8 +14,9 @@ import torch
 
 from pipeline import ctranslate2_engine as engine
 from pipeline.config import UserError, resolve
+from pipeline.serving_meta import serving_meta
 from pipeline.stages.export import export_onnx
-from pipeline.stages.publish import serving_meta, write_version
+from pipeline.stages.publish import write_version
 from pipeline.tasks.translation_de_en import TranslationTask
 from serving.client import LocalClient
 from serving.repository import check_version

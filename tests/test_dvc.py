@@ -130,11 +130,11 @@ def test_push_to_a_refusing_remote_fails_and_keeps_the_cache(tiny_repo, tmp_path
 
 def test_training_code_change_retrains_from_step_zero(tiny_repo):
     repo, env = tiny_repo
-    with (repo / "pipeline" / "train.py").open("a") as f:
+    with (repo / "pipeline" / "training" / "loop.py").open("a") as f:
         f.write("# a harmless change: the stage must still re-run and train afresh\n")
     status = dvc(["dvc", "status", "train@ntm"], repo, env).stdout
-    assert "pipeline/stages/train.py" in status, status
-    # --single-item: tune@ntm imports train.py too and would re-run (Ray, ~45 s here); train is the question.
+    assert "pipeline/training" in status, status
+    # --single-item: tune@ntm runs the loop too and would re-run (Ray, ~45 s here); train is the question.
     proc = dvc(["dvc", "repro", "--single-item", "train@ntm"], repo, env)
     out = proc.stdout + proc.stderr
     assert "Running stage 'train@ntm'" in out, out

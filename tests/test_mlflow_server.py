@@ -39,7 +39,8 @@ def repo(tmp_path_factory) -> Path:
     for path in ("dvc.lock", "runs", "results", "reports"):
         subprocess.run(["rm", "-rf", str(repo / path)], check=True)
     model = {k: v for k, v in TINY["act"].items() if k != "input_size"}
-    params = {"train": {}, "tasks": {"parity": PARITY}, "models": {"act": {
+    shipped = yaml.safe_load((repo / "params.yaml").read_text())
+    params = {"train": {}, "quantize": shipped["quantize"], "tasks": {"parity": PARITY}, "models": {"act": {
         "arch": "act", "task": "parity", "model": model,
         "train": {"max_steps": 4, "eval_every": 2, "batch_size": 16, "warmup_steps": 1},
         "parity": {"atol": 1.0e-4, "rtol": 1.0e-3},

@@ -175,7 +175,8 @@ def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_pas
     meet the bar too."""
     import numpy as np
 
-    from pipeline.stages.publish import publish_int8, serving_meta
+    from pipeline.serving_meta import serving_meta
+    from pipeline.stages.publish import publish_int8
     from serving.client import LocalClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -209,8 +209,9 @@ def repo(tmp_path_factory):
     production flag); `unpromoted` with one version that failed its bar; `capped`, whose answers may
     have 2,000 values; a stray '²' folder; `ntm-int8` with no version (publish leaves the folder of an
     int8 variant whose gate failed)."""
+    from pipeline.serving_meta import serving_meta
     from pipeline.stages.export import export_onnx
-    from pipeline.stages.publish import serving_meta, write_version
+    from pipeline.stages.publish import write_version
 
     tmp = tmp_path_factory.mktemp("production")
     root = tmp / "model_repository"

@@ -32,7 +32,7 @@ from pipeline.bars import check_bar
 from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
 from pipeline.entry import RUN_HELP, model_parser, run_cli
 from pipeline.files import clear_dead, scratch_beside, sync_folder, write_atomic
-from pipeline.serving_meta import limits, serving_meta
+from pipeline.serving_meta import serving_block
 from serving.repository import VERSION_RE
 
 DTYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(bool)": "TYPE_BOOL",
@@ -329,7 +329,7 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
-    serving = {**serving_meta(models.make_config(config["arch"], config["model"]), graphs, run), "limits": limits(run)}
+    serving = serving_block(models.make_config(config["arch"], config["model"]), graphs, run)
     lineage = {"arch": run.arch, "task": run.task, "config": config["model"], "parity_passed": parity["passed"],
                "git_commit": tracking.git_commit(root),
                **({"run_dir": str(run.run_dir.resolve())} if adhoc else {"dvc": dvc_hashes(root, run.name)})}

@@ -137,11 +137,11 @@ class OnnxTwin:
         writes, built on first use; None without a run or for a kind that serves only the graphs."""
         if self._run is None:
             return None
-        from pipeline.serving_meta import limits, serving_meta
+        from pipeline.serving_meta import serving_block
         from serving.admission import Limits
         from serving.kinds import KINDS
 
-        meta = {**serving_meta(self._model.cfg, list(self._specs), self._run), "limits": limits(self._run)}
+        meta = serving_block(self._model.cfg, list(self._specs), self._run)
         kind = KINDS.get(meta["kind"])
         return kind(self._run.name, 0, self._run.run_dir, {"serving": meta}, self._graphs,
                     Limits.of(meta["limits"])) if kind else None
@@ -184,9 +184,9 @@ def engine_int8(run: RunConfig, model, graphs: list[str], out_dir: Path, fp32: d
     own int8 conversion in ``out_dir``, scored on the test set as the server answers and gated against
     fp32 like the graphs. ``publish`` serves the int8 variant on it when both gates pass."""
     from pipeline import ctranslate2_engine
-    from pipeline.serving_meta import limits, serving_meta
+    from pipeline.serving_meta import serving_block
 
-    serving = {**serving_meta(model.cfg, graphs, run), "limits": limits(run)}
+    serving = serving_block(model.cfg, graphs, run)
     artifacts = [run.data_dir / a for a in read_manifest(run.data_dir).get("artifacts", [])]
     record = ctranslate2_engine.build_int8(model, run, serving, artifacts, out_dir)
     return {**record, "gate": gate(fp32, record["metrics"], run.bar or [], tolerance)}
