@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pipeline.runner.dvc_lock import _Dvc
 from pipeline.runner.executors import LocalExecutor, RayExecutor
-from pipeline.runner.plan import LOG_DIR, ROOT, Node, Plan, ReproError, _params, _ready, _shrink, plan, priorities
+from pipeline.runner.plan import LOG_DIR, ROOT, Node, Plan, ReproError, _ready, _shrink, plan, priorities
 
 POLL_S = 0.5
 STATUS_EVERY_S = 300  # without a terminal (a CI log, nohup): the running stages and ETA this often
@@ -292,10 +292,10 @@ def _repro(root: Path, targets: list[str], jobs: int, ray_address: str | None, d
         return the_plan.nodes
     _init_tracking(root)
     if ray_address:
-        from pipeline.config import UserError, repro_resources
+        from pipeline.config import UserError, load_params, repro_resources
 
         try:
-            resources = repro_resources(_params(root))
+            resources = repro_resources(load_params(root))
         except UserError as err:
             raise ReproError(str(err)) from None
         executor = RayExecutor(root, ray_address, resources)
