@@ -102,7 +102,7 @@ def pointer_item(task_name: str, p: dict, split: str = f"test_{POINTER_N}") -> d
     The discarded splits are drawn with the task's own ``make_split``; convex_hull's ``hull`` (no
     random draws) is left out of them: a million hulls would take 20 s and change no draw."""
     from pipeline.tasks import convex_hull, get_task
-    from pipeline.tasks.sort import IGNORE
+    from pipeline.tasks.common.pointer import IGNORE
 
     task = get_task(task_name)
     rng = np.random.default_rng(p["seed"])
@@ -140,7 +140,8 @@ def table_qa_item(p: dict) -> dict:
 
 def mnist_captions_item(p: dict) -> dict:
     """``MnistCaptionsTask.load(..., "test")[0]``: image, tgt, caption, boxes."""
-    from pipeline.tasks.mnist_captions import CELL, WORD_ID, caption, load_mnist, make_layouts, render
+    from pipeline.tasks.common.mnist import CELL, load_mnist
+    from pipeline.tasks.mnist_captions import WORD_ID, caption, make_layouts, render
 
     mnist, rng = load_mnist(), np.random.default_rng(p["seed"])
     for split in ("train", "val", "test"):
@@ -158,8 +159,8 @@ def mnist_captions_item(p: dict) -> dict:
 
 def placed_digit_item(p: dict) -> tuple[np.ndarray, int]:
     """``load(..., "test")[0]`` of mnist_translated60 / mnist_cluttered60: (canvas uint8 [S,S], label)."""
-    from pipeline.tasks.mnist_captions import load_mnist
-    from pipeline.tasks.mnist_translated60 import make_layout, render
+    from pipeline.tasks.common.mnist import load_mnist
+    from pipeline.tasks.common.placed_digits import make_layout, render
 
     mnist, rng = load_mnist(), np.random.default_rng(p["seed"])
     piece = p.get("piece", 8)

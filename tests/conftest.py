@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 # Tiny configs per registered model, the smoke profile's (profiles/smoke.yaml `archs`): a new model is
-# covered by adding one entry there.
+# covered by adding one entry there and naming the task whose example batch it takes (`examples`).
 TINY = yaml.safe_load((ROOT / "profiles" / "smoke.yaml").read_text())["archs"]
 
 
@@ -65,106 +65,15 @@ def _fast_lane_starts_nothing():
 
 
 SEQ2SEQ = ("bahdanau", "luong", "transformer")  # translation batches: src, src_len, tgt_in, tgt_out
+# The task each architecture's tiny configuration fits (profiles/smoke.yaml `examples`).
+EXAMPLES = yaml.safe_load((ROOT / "profiles" / "smoke.yaml").read_text())["examples"]
 
 
 def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tensor]:
-    """A deterministic batch in the format the model's task produces."""
-    g = torch.Generator().manual_seed(seed)
-    if arch in SEQ2SEQ:
-        cfg = TINY[arch]
-        src_len = torch.tensor([6, 4, 2][:batch])
-        src = torch.randint(4, cfg["src_vocab"], (batch, 6), generator=g)
-        src[:, -1] = 2
-        for b, n in enumerate(src_len):
-            src[b, n - 1] = 2
-            src[b, n:] = 0
-        tgt = torch.randint(4, cfg["tgt_vocab"], (batch, 5), generator=g)
-        tgt_in = torch.cat([torch.ones(batch, 1, dtype=torch.long), tgt], 1)
-        tgt_out = torch.cat([tgt, torch.full((batch, 1), 2)], 1)
-        return {"src": src, "src_len": src_len, "tgt_in": tgt_in, "tgt_out": tgt_out}
-    if arch == "ntm":
-        from pipeline.tasks.copy import CopyTask
+    """A deterministic batch in the format the model's task produces: the task's own example."""
+    from pipeline.tasks import get_task
 
-        seqs = [torch.randint(0, 2, (n, 4), generator=g, dtype=torch.uint8) for n in (3, 5, 2)[:batch]]
-        return CopyTask().collate(seqs)
-    if arch == "pointer_net":  # convex hulls of 7, 5 and 4 points (right-padded)
-        import numpy as np
-
-        from pipeline.tasks.convex_hull import ConvexHullTask
-
-        task, rng = ConvexHullTask(), np.random.default_rng(seed)
-        items = []
-        for n in (7, 5, 4)[:batch]:
-            points, target = task.generate(rng, n)
-            items.append({"points": torch.from_numpy(points), "target": torch.tensor(target + [0])})
-        return task.collate(items)
-    if arch == "act":
-        import numpy as np
-
-        from pipeline.tasks.parity import ParityTask, make_split
-
-        split = make_split(np.random.default_rng(seed), batch, TINY[arch]["input_size"])
-        return ParityTask().collate(list(zip(split["x"], split["y"].tolist())))
-    if arch == "neural_programmer":
-        import numpy as np
-
-        from pipeline.tasks.table_qa import TableQATask
-
-        task = TableQATask()
-        split = task.make_split(np.random.default_rng(seed), batch, {"min_rows": 3, "max_rows": 5})
-        return task.collate([{k: v[i] for k, v in split.items()} for i in range(batch)])
-    if arch == "show_attend_tell":  # 84×84 canvases of random "digits" with real captions
-        import numpy as np
-
-        from pipeline.tasks.mnist_captions import WORD_ID, MnistCaptionsTask, caption, make_layouts, render
-
-        rng = np.random.default_rng(seed)
-        digits = rng.integers(0, 256, (20, 28, 28)).astype(np.uint8)
-        labels = np.arange(20) % 10
-        layout = make_layouts(rng, labels, batch, 3, 2, 2, 3)
-        items = []
-        for i in range(batch):
-            slots = np.flatnonzero(layout["index"][i] >= 0)
-            words = caption([int(labels[layout["index"][i, k]]) for k in slots],
-                            [(int(layout["row"][i, k]), int(layout["col"][i, k])) for k in slots])
-            items.append({"image": render(digits, layout, i, 84), "tgt": [WORD_ID[w] for w in words]})
-        return MnistCaptionsTask().collate(items)
-    if arch == "ram":  # a bright 4×4 square somewhere on a dark canvas; the label is its quadrant
-        size = TINY[arch]["image_size"]
-        image = torch.zeros(batch, size, size)
-        corner = torch.randint(0, size - 4, (batch, 2), generator=g)
-        for b, (y, x) in enumerate(corner.tolist()):
-            image[b, y : y + 4, x : x + 4] = 1.0
-        label = (corner[:, 0] >= size // 2 - 2).long() * 2 + (corner[:, 1] >= size // 2 - 2).long()
-        return {"image": image, "label": label}
-    if arch == "draw":  # binary images (a filled box each) plus fixed prior (x) and posterior (noise) draws
-        cfg = TINY[arch]
-        size = cfg["image_size"]
-        image = torch.zeros(batch, size, size)
-        for b, (y, x, h, w) in enumerate(torch.randint(1, size // 2, (batch, 4), generator=g).tolist()):
-            image[b, y : y + h + 1, x : x + w + 1] = 1.0
-        shape = (batch, cfg["steps"], cfg["latent"])
-        return {"image": image, "x": torch.randn(shape, generator=g), "noise": torch.randn(shape, generator=g)}
-    if arch == "attention_ocr":  # real words rendered in a real font at height 16, three widths
-        import numpy as np
-
-        from pipeline.tasks.ocr_words import VOCAB, OcrWordsTask, load_fonts, render
-
-        rng = np.random.default_rng(seed)
-        font = load_fonts(["dejavu/DejaVuSans.ttf"], range(12, 13))["dejavu/DejaVuSans.ttf"][12]
-        style = {"slant": 0.1, "blur": 0.0, "noise": 2, "margin": 2, "background": [200, 255], "inverted": 0.0}
-        items = [{"image": render(w, font, rng, TINY[arch]["height"], 64, style), "tgt": [VOCAB.index(c) for c in w]}
-                 for w in ("attention", "zoo", "model")[:batch]]
-        return OcrWordsTask().collate(items)
-    if arch == "speech_attention":  # random "stacked log-mel" steps: 10, 7 and 8 of them, 4 digits each
-        steps = torch.tensor([10, 7, 8][:batch])
-        feats = torch.randn(batch, 10, TINY[arch]["input_size"], generator=g)
-        feats = feats * (torch.arange(10) < steps[:, None]).unsqueeze(-1)  # zero padding, as collate pads
-        tgt = torch.randint(3, 13, (batch, 4), generator=g)
-        return {"features": feats, "steps": steps,
-                "tgt_in": torch.cat([torch.ones(batch, 1, dtype=torch.long), tgt], 1),
-                "tgt_out": torch.cat([tgt, torch.full((batch, 1), 2)], 1)}
-    raise KeyError(f"add a tiny batch for '{arch}' to tests/conftest.py")
+    return get_task(EXAMPLES[arch]).example_batch(TINY[arch], seed, batch)
 
 
 @pytest.fixture(params=sorted(TINY))

@@ -29,8 +29,8 @@ EXAMPLES = ROOT / "examples"
 def served_inputs() -> dict[str, tuple[str, list[dict]]]:
     """file -> (a served model that takes it, its inputs as `GET /v2/models/<model>` declares them): the
     fixed sizes are those the published models are built with (task parameters, model configs)."""
+    from pipeline.tasks.common.mnist import CELL
     from pipeline.tasks.convex_hull import ConvexHullTask
-    from pipeline.tasks.mnist_captions import CELL
     from pipeline.tasks.sort import SortTask
 
     params = load_params(ROOT)

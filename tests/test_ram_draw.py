@@ -9,8 +9,8 @@ import torch
 
 import models
 from models.layers import filterbank_window, gaussian_filterbank, glimpse, glimpse_pyramid
-from pipeline.tasks.mnist_captions import CELL
-from pipeline.tasks.mnist_translated60 import make_layout, render
+from pipeline.tasks.common.mnist import CELL
+from pipeline.tasks.common.placed_digits import make_layout, render
 from tests.conftest import TINY, tiny_batch
 
 

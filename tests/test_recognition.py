@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import models
-from pipeline.tasks.recognition import cer, edit_distance
+from pipeline.tasks.common.recognition import cer, edit_distance
 from serving.features import HOP, SAMPLE_RATE, WINDOW, frames_of, log_mel, mel_filterbank, stack_frames
 from tests.conftest import TINY, tiny_batch
 

@@ -11,11 +11,22 @@ from torch.testing import assert_close
 
 import models
 from pipeline.stages.export import compare_decisions, export_onnx, parity_check
-from tests.conftest import TINY, tiny_batch
+from tests.conftest import EXAMPLES, TINY, tiny_batch
 
 
 def test_every_registered_model_has_a_tiny_config():
-    assert set(models.REGISTRY) == set(TINY), "add the new model to tests/conftest.py TINY"
+    assert set(models.REGISTRY) == set(TINY), "add the new model's tiny config to profiles/smoke.yaml archs"
+
+
+def test_each_tiny_model_takes_the_example_of_a_task_it_is_trained_on():
+    """profiles/smoke.yaml ``examples``: one of the architecture's params.yaml entries runs that task."""
+    from pipeline.config import load_params
+
+    trained_on: dict[str, set] = {}
+    for entry in load_params()["models"].values():
+        trained_on.setdefault(entry["arch"], set()).add(entry["task"])
+    assert set(EXAMPLES) == set(TINY)
+    assert {arch: EXAMPLES[arch] in trained_on.get(arch, ()) for arch in TINY} == {arch: True for arch in TINY}
 
 
 def test_unknown_config_key_is_rejected():

@@ -9,7 +9,8 @@ import torch
 
 import models
 from pipeline.stages.export import export_onnx, parity_check
-from pipeline.tasks.mnist_captions import CELL, caption, make_layouts, peak_on_digit, relation, render
+from pipeline.tasks.common.mnist import CELL
+from pipeline.tasks.mnist_captions import caption, make_layouts, peak_on_digit, relation, render
 from tests.conftest import TINY, tiny_batch
 
 

@@ -122,3 +122,33 @@ def test_serving_imports_neither_torch_nor_the_pipeline():
         roots |= {node.module.split(".")[0] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
         assert not roots & {"torch", "pipeline", "models"}, f"{name} imports {sorted(roots & {'torch', 'pipeline'})}"
+
+
+def _prepare_only_uses(tree: ast.Module, sub: str) -> list[str]:
+    """Functions of a task package's module that import its subfolder ``sub`` and are neither
+    ``prepare`` nor a top-level function that only ``prepare`` calls."""
+    calls_from: dict[str, set[str]] = {}
+    importers = set()
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    for fn in functions:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                calls_from.setdefault(node.func.id, set()).add(fn.name)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(sub):
+                importers.add(fn.name)
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    bad = ["<module>"] if any((getattr(n, "module", "") or "").startswith(sub) for n in top) else []
+    return bad + [f for f in sorted(importers) if f != "prepare" and calls_from.get(f, {"?"}) != {"prepare"}]
+
+
+def test_only_prepare_imports_a_task_folders_subfolders():
+    """``task_code@`` leaves a task folder's subfolders (``translation_de_en/corpus``) out of the code
+    the later stages depend on: they must reach it through the prepared data alone."""
+    checked = 0
+    for folder in sorted(p for p in (ROOT / "pipeline" / "tasks").iterdir() if (p / "__init__.py").is_file()):
+        for sub in (s for s in folder.iterdir() if (s / "__init__.py").is_file()):
+            module = ".".join(sub.relative_to(ROOT).parts)
+            for path in folder.glob("*.py"):
+                checked += 1
+                assert _prepare_only_uses(ast.parse(path.read_text()), module) == [], path
+    assert checked >= 1  # translation_de_en/__init__.py against its corpus/

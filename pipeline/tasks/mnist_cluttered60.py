@@ -3,6 +3,6 @@ the canvas (Mnih et al. 2014, §4.1: "Cluttered Translated MNIST"). The code is 
 ``clutter`` parameter makes the difference."""
 
 from pipeline.tasks import register_task
-from pipeline.tasks.mnist_translated60 import PlacedDigitsTask
+from pipeline.tasks.common.placed_digits import PlacedDigitsTask
 
 register_task(PlacedDigitsTask("mnist_cluttered60"))

@@ -174,11 +174,19 @@ class OcrWordsTask(Task):
             tgt_out[b, len(y)] = EOS
         return {"image": image, "width": torch.tensor(widths, dtype=torch.long), "tgt_in": tgt_in, "tgt_out": tgt_out}
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Real words rendered in DejaVu Sans at the model's ``height``, three widths."""
+        rng = np.random.default_rng(seed)
+        font = load_fonts(["dejavu/DejaVuSans.ttf"], range(12, 13))["dejavu/DejaVuSans.ttf"][12]
+        style = {"slant": 0.1, "blur": 0.0, "noise": 2, "margin": 2, "background": [200, 255], "inverted": 0.0}
+        return self.collate([{"image": render(w, font, rng, cfg["height"], 64, style),
+                              "tgt": [VOCAB.index(c) for c in w]} for w in ("attention", "zoo", "model")[:batch]])
+
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         """Sequence accuracy and CER on unseen words (greedy and beam), CER per font, and the
         per-letter attention over the image for a few test words."""
         from pipeline import plots as P
-        from pipeline.tasks.recognition import score_set
+        from pipeline.tasks.common.recognition import score_set
 
         items = self.load(run.data_dir, "test")
         limit = run.evaluate.get("max_images")

@@ -50,6 +50,10 @@ class ParityTask(Task):
     def collate(self, items: list) -> dict:
         return {"x": torch.stack([x for x, _ in items]).float(), "y": torch.tensor([y for _, y in items])}
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        split = make_split(np.random.default_rng(seed), batch, cfg["input_size"])
+        return self.collate(list(zip(split["x"], split["y"].tolist())))
+
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         from pipeline import plots as P
 

@@ -135,11 +135,22 @@ class SpokenDigitsTask(Task):
         return {"features": features, "steps": torch.tensor(steps_of, dtype=torch.long), "tgt_in": tgt_in,
                 "tgt_out": tgt_out}
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Random "stacked log-mel" steps (10, 7 and 8 of them, zero-padded as collate pads), 4 digits each."""
+        g = torch.Generator().manual_seed(seed)
+        steps = torch.tensor([10, 7, 8][:batch])
+        feats = torch.randn(batch, 10, cfg["input_size"], generator=g)
+        feats = feats * (torch.arange(10) < steps[:, None]).unsqueeze(-1)  # [B,10,F]*[B,10,1]
+        tgt = torch.randint(3, 13, (batch, 4), generator=g)
+        return {"features": feats, "steps": steps,
+                "tgt_in": torch.cat([torch.ones(batch, 1, dtype=torch.long), tgt], 1),  # [B,1]+[B,4] -> [B,5]
+                "tgt_out": torch.cat([tgt, torch.full((batch, 1), 2)], 1)}
+
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         """CER and string accuracy (greedy and beam) on normal-length and ``long_factor``× longer
         strings, CER per voice and by length, and alignment plots of both."""
         from pipeline import plots as P
-        from pipeline.tasks.recognition import score_set
+        from pipeline.tasks.common.recognition import score_set
 
         beam = run.evaluate.get("beam", 3)
         limit = run.evaluate.get("max_utterances")

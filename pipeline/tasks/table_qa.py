@@ -130,6 +130,11 @@ class TableQATask(Task):
                       "answer_is_lookup": torch.stack([it["is_lookup"] for it in items])})
         return batch
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Questions over tables of 3 to 5 rows."""
+        split = self.make_split(np.random.default_rng(seed), batch, {"min_rows": 3, "max_rows": 5})
+        return self.collate([{k: v[i] for k, v in split.items()} for i in range(batch)])
+
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         from models.neural_programmer import OPERATIONS, correct
         from pipeline import plots as P

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from pipeline.config import ROOT, RunConfig, UserError, as_dict
+from pipeline.sources import task_files
+from pipeline.tasks import code_name
 
 # Wall-clock seconds between resume checkpoints (besides every validation), so a kill loses at
 # most this much work. Infrastructure, not a hyper-parameter: it comes from the environment, is
@@ -33,20 +35,21 @@ def checkpoint_seconds() -> float:
     return seconds
 
 
-# The code a run's identity covers: train@'s code deps in dvc.yaml, file for file
-# (tests/test_train.py checks they agree), so whenever DVC re-runs train@ for a code change the loop
-# starts over instead of taking a finished checkpoint of other code as the result.
+# The code a run's identity covers: train@'s code deps in dvc.yaml, file for file (tests/test_train.py
+# checks they agree), and the task's code (data/task_code/<task>.json lists the same files), so whenever
+# DVC re-runs train@ for a code change the loop starts over instead of taking a finished checkpoint of
+# other code as the result.
 TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/__init__.py", "pipeline/config.py",
               "pipeline/checkpoint.py", "pipeline/files.py", "pipeline/tracking.py", "pipeline/training",
-              "pipeline/stages/train.py", "pipeline/entry.py", "pipeline/tasks", "serving/features.py")
+              "pipeline/stages/train.py", "pipeline/entry.py")
 
 
-def code_files(arch: str) -> list[Path]:
+def code_files(run: RunConfig) -> list[Path]:
     out = []
     for entry in TRAIN_CODE:
-        path = ROOT / entry.format(arch=arch)
+        path = ROOT / entry.format(arch=run.arch)
         out += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return out
+    return out + [p for p in task_files(code_name(run.task), ROOT) if p not in out]
 
 
 def config_hash(run: RunConfig) -> str:
@@ -54,7 +57,7 @@ def config_hash(run: RunConfig) -> str:
     trains it (:data:`TRAIN_CODE`) and the prepared data. A checkpoint of other code or data is
     never resumed."""
     digest = hashlib.sha256(json.dumps(as_dict(run), sort_keys=True).encode())
-    for path in code_files(run.arch):
+    for path in code_files(run):
         digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     manifest = run.data_dir / "manifest.json"
     if manifest.exists():

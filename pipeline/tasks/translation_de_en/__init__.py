@@ -114,6 +114,20 @@ class TranslationTask(Task):
                 for s, t, st, tt, so in zip(_unpack(d["src"]), _unpack(d["tgt"]), d["src_text"], d["tgt_text"],
                                             d["source"])]
 
+    def example_batch(self, cfg: dict, seed: int = 0, batch: int = 3) -> dict:
+        """Random ids below the vocabularies: sources of 6, 4 and 2 ids ending in EOS, targets of 5."""
+        g = torch.Generator().manual_seed(seed)
+        src_len = torch.tensor([6, 4, 2][:batch])
+        src = torch.randint(4, cfg["src_vocab"], (batch, 6), generator=g)
+        src[:, -1] = EOS
+        for b, n in enumerate(src_len):
+            src[b, n - 1] = EOS
+            src[b, n:] = PAD
+        tgt = torch.randint(4, cfg["tgt_vocab"], (batch, 5), generator=g)
+        tgt_in = torch.cat([torch.full((batch, 1), BOS), tgt], 1)  # [B,1]+[B,5] -> [B,6]
+        tgt_out = torch.cat([tgt, torch.full((batch, 1), EOS)], 1)
+        return {"src": src, "src_len": src_len, "tgt_in": tgt_in, "tgt_out": tgt_out}
+
     def evaluate(self, model, run, plots: Path) -> tuple[dict, dict]:
         return evaluate_translation(model, run, plots)
 
