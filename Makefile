@@ -15,12 +15,14 @@ quickstart: setup   ## three real models through the whole pipeline, then answer
 	attnzoo quickstart --jobs $(JOBS)
 
 # The unit tests (no process started, no server: tests/conftest.py holds them to it) on every core, one
-# thread each. `make test` runs the whole suite in one process, in file order.
+# thread each; then the tests that start processes and servers, and the end-to-end runs, one at a time.
 UNIT = ATTNZOO_TEST_FAST=1 OMP_NUM_THREADS=1 python -m pytest -q -n auto -m "not slow and not integration"
 NO_TESTS = if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
-	python -m pytest -q --durations=25; status=$$?; $(NO_TESTS); exit $$status
+	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); unit=$$status; \
+	  python -m pytest -q -m "slow or integration" --durations=25; status=$$?; $(NO_TESTS); \
+	  [ $$unit -eq 0 ] || exit $$unit; exit $$status
 
 test-fast: setup     ## the unit tests alone (a few minutes): no process started, no server, no end-to-end run
 	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); exit $$status

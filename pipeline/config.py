@@ -231,14 +231,33 @@ def results_dir(run: RunConfig) -> Path:
 
 
 def at_run_dir(run: RunConfig, folder: Path | None) -> RunConfig:
-    """``run`` reading and writing ``folder`` (a ``train --out`` folder) instead of ``runs/<name>``."""
-    if folder is None:
+    """``run`` as a stage after training sees it: reading and writing ``folder`` (a ``train --out``
+    folder) instead of ``runs/<name>`` when given, and with what training decided read from its checkpoint."""
+    if folder is not None:
+        folder = Path(folder)
+        if not (folder / "checkpoint" / "best").is_dir():
+            raise UserError(f"{folder} holds no trained model (checkpoint/best); pass the folder "
+                            f"`attnzoo train {run.name} --out DIR` wrote")
+        run = dataclasses.replace(run, run_dir=folder)
+    return trained_as(run)
+
+
+def trained_as(run: RunConfig) -> RunConfig:
+    """``run`` with the arch, task, model and training config its checkpoint was trained with (the
+    ``config.json`` beside the weights: ``--set`` overrides and tuned values included), where one exists.
+    The later stages' own blocks (evaluate, parity, bar, limits, engine) stay params.yaml's: they are
+    those stages' DVC params, so a changed bar re-runs evaluate@ with the new bar."""
+    path = run.run_dir / "checkpoint" / "best" / "config.json"
+    if not path.is_file():
         return run
-    folder = Path(folder)
-    if not (folder / "checkpoint" / "best").is_dir():
-        raise UserError(f"{folder} holds no trained model (checkpoint/best); pass the folder "
-                        f"`attnzoo train {run.name} --out DIR` wrote")
-    return dataclasses.replace(run, run_dir=folder)
+    saved = json.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(saved["train"]) - known)
+    if unknown:
+        raise UserError(f"{path} was trained by other code (train keys {', '.join(unknown)} are unknown here): "
+                        f"retrain it (`dvc repro train@{run.name}`) or use the code that trained it")
+    return dataclasses.replace(run, arch=saved["arch"], task=saved["task"], model=saved["model"],
+                               train=TrainConfig(**saved["train"]), data_dir=run.data_dir.parent / saved["task"])
 
 
 def as_dict(run: RunConfig) -> dict:

@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
 # The checkout's results: a new work folder starts without them (its own pipeline makes its own).
-OWN_OUTPUTS = ("dvc.lock", "runs", "results", "reports", "model_repository")
+OWN_OUTPUTS = ("dvc.lock", "runs", "results", "reports", "model_repository", "data/task_code")
 
 
 class ProfileError(RuntimeError):
@@ -93,7 +93,7 @@ def lay_out(root: Path, workdir: Path, name: str, keep: list[str] | None = None)
         raise ProfileError(f"--workdir {workdir} is inside the checkout; give a folder outside it")
     workdir.mkdir(parents=True, exist_ok=True)
     for rel in _checkout_files(root):
-        if rel.split("/", 1)[0] in OWN_OUTPUTS or not (root / rel).is_file():
+        if any(rel == out or rel.startswith(out + "/") for out in OWN_OUTPUTS) or not (root / rel).is_file():
             continue
         dest = workdir / rel
         if dest.is_file() and dest.read_bytes() == (root / rel).read_bytes():

@@ -46,7 +46,7 @@ def _write(repo: Path, name: str, arch: str, task: str, model, artifacts: list[P
            onnx_dir: Path) -> dict:
     run = SimpleNamespace(task=task, evaluate={"beam": 3})
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
-    meta, created = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
+    meta, created, _ = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
                                   {"arch": arch, "task": task, "parity_passed": True, "production": promoted},
                                   artifacts)
     assert created

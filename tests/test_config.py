@@ -53,3 +53,27 @@ def test_missing_prepared_data(root):
     (root / "data" / "prepared" / "copy" / "manifest.json").unlink()
     with pytest.raises(UserError, match="dvc repro prepare"):
         resolve("m", root=root)
+
+
+def test_later_stages_take_what_training_decided_from_the_checkpoint(root):
+    """``train m --set model.memory_size=24 lr=0.5 --out DIR``, then ``evaluate m --run DIR``: the stage
+    sees the trained config (the checkpoint's ``config.json``), and params.yaml's own blocks for the rest."""
+    from pipeline.config import as_dict, at_run_dir
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["models"]["m"]["bar"] = [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    trained = resolve("m", root=root, overrides={"model.memory_size": 24, "lr": 0.5})
+    best = root / "adhoc" / "checkpoint" / "best"
+    best.mkdir(parents=True)
+    (best / "config.json").write_text(json.dumps(as_dict(trained)))
+    run = at_run_dir(resolve("m", root=root), root / "adhoc")
+    assert (run.model["memory_size"], run.train.lr, run.run_dir) == (24, 0.5, root / "adhoc")
+    assert run.bar == trained.bar == [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
+    # No checkpoint (yet): params.yaml's resolution as it is.
+    assert at_run_dir(resolve("m", root=root), None).model["memory_size"] == 16
+    saved = json.loads((best / "config.json").read_text())
+    saved["train"]["lr_typo"] = 1
+    (best / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(UserError, match=r"trained by other code \(train keys lr_typo"):
+        at_run_dir(resolve("m", root=root), root / "adhoc")

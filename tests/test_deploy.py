@@ -354,7 +354,7 @@ def publish_tiny(repo: Path, work: Path) -> np.ndarray:
 
     w = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
     tiny_onnx(work / "tiny", {"x": ["batch", 3]}, {"y": ["batch", 2]}, w)
-    meta, created = write_version(repo / "tiny", "tiny", work / "tiny", {"loop": "single"},
+    meta, created, _ = write_version(repo / "tiny", "tiny", work / "tiny", {"loop": "single"},
                                   {"arch": "tiny", "task": "none", "parity_passed": True, "production": True}, [])
     assert created and meta["graphs"] == ["model"]
     return w

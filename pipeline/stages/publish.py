@@ -69,9 +69,11 @@ def versions_in(repo: Path) -> list[int]:
 TRITON_TYPES = {"BYTES": "TYPE_STRING"}  # every other v2 datatype X is TYPE_X
 
 
-def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> str:
+def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str],
+                 newest: tuple[int, dict | None] = (0, None)) -> str:
     """Triton model configuration: the whole model as a python-backend model over the versions
-    that bundle ``model.py``; each graph's own I/O follows as comments, for humans."""
+    that bundle ``model.py``; each graph's own I/O follows as comments, for humans. ``newest``: the
+    version just written and what the server answers for it (loaded once, by ``write_version``)."""
     import onnxruntime as ort
 
     from serving.kinds import load_version
@@ -99,13 +101,17 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str]) -> st
             lines.append("dynamic_batching { max_queue_delay_microseconds: 100 }")
         return "\n".join(lines) + "\n"
     if versions:
-        whole, _, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
+        served = newest[1] if newest[0] == versions[-1] else None
+        if served is None:
+            whole, _, _ = load_version(name, versions[-1], repo / str(versions[-1]), "cpu")
+            served = whole.metadata([versions[-1]])
         lines += ['backend: "python"', "max_batch_size: 0",
                   f"version_policy: {{ specific: {{ versions: [ {', '.join(map(str, versions))} ] }} }}"]
-        for kind, specs in (("input", whole.inputs), ("output", whole.outputs)):
-            entries = [f'  {{ name: "{s.name}" data_type: {TRITON_TYPES.get(s.datatype, "TYPE_" + s.datatype)} '
-                       f'dims: [ {", ".join(map(str, s.shape))} ]{" optional: true" if s.optional else ""} }}'
-                       for s in specs]
+        for kind in ("input", "output"):
+            entries = [f'  {{ name: "{s["name"]}" '
+                       f'data_type: {TRITON_TYPES.get(s["datatype"], "TYPE_" + s["datatype"])} '
+                       f'dims: [ {", ".join(map(str, s["shape"]))} ]{" optional: true" if s.get("optional") else ""} }}'
+                       for s in served[f"{kind}s"]]
             lines.append(f"{kind} [\n" + ",\n".join(entries) + "\n]")
     lines.append("# Exported graphs (the loop between them runs in serving/ or model.py):")
     for graph in graphs:
@@ -146,7 +152,8 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     """Write ``repo/<version>/`` atomically (a temp folder renamed into place); ``engine``: a folder
     copied into it under its own name (an engine's converted model, which the serving block names).
 
-    Returns (metadata, created); an unchanged model returns the latest version's metadata.
+    Returns (metadata, created, what the server answers for the new version: None when unchanged); an
+    unchanged model returns the latest version's metadata.
     """
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     repo.mkdir(parents=True, exist_ok=True)
@@ -156,7 +163,7 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     if versions:
         latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
         if latest.get("graph_sha256") == graph_digest:
-            return latest, False
+            return latest, False, None
     version = (versions[-1] + 1) if versions else 1
     tmp = scratch_beside(repo / str(version))  # not a version name: the server never reads it
     for graph in graphs:
@@ -174,11 +181,12 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
             "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest,
             "files_sha256": files_sha256(tmp)}  # what the server checks before it serves the version
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
-    (tmp / "MODEL_CARD.md").write_text(model_card(meta, served_metadata(name, version, tmp)))
+    served = served_metadata(name, version, tmp)  # loaded once: the card, Triton's config and the registry use it
+    (tmp / "MODEL_CARD.md").write_text(model_card(meta, served))
     sync_folder(tmp)  # on disk before the rename makes it a version
     tmp.rename(repo / str(version))
-    write_atomic(repo / "config.pbtxt", config_pbtxt(name, repo, onnx_dir, graphs))
-    return meta, True
+    write_atomic(repo / "config.pbtxt", config_pbtxt(name, repo, onnx_dir, graphs, (version, served)))
+    return meta, True, served
 
 
 def served_metadata(name: str, version: int, folder: Path) -> dict | None:
@@ -260,12 +268,13 @@ def model_card(meta: dict, served: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str) -> str:
+def register(name: str, version_dir: Path, meta: dict, promote: bool, description: str,
+             served: dict | None = None) -> str:
     """Log a published version as an MLflow model in the active run (models-from-code:
     ``serving/pyfunc_model.py``, the version's folder, the serving code, a signature from the served
     metadata; no pickle) and register it as a
     version of registered model ``name``, aliased ``production`` when ``promote``. Returns the
-    registered version."""
+    registered version. ``served``: the version's served metadata, when the caller has it loaded."""
     import tempfile
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
@@ -287,7 +296,8 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "repository"
         shutil.copytree(version_dir, staged / name / str(version))  # LocalClient's layout: <name>/<version>/
-        served = LocalClient(staged).model_metadata(name, version)
+        if served is None:  # a version written by an earlier, killed publish
+            served = LocalClient(staged).model_metadata(name, version)
         info = mlflow.pyfunc.log_model(
             # models-from-code: the model is serving/pyfunc_model.py plus this config, never a pickle
             name="model", python_model=str(SERVING_DIR / "pyfunc_model.py"),
@@ -325,12 +335,11 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
                         f"and run `dvc repro export@{run.name}`")
     if not (run.run_dir / "int8_metrics.json").exists():  # before anything is written: publish carries int8 too
         raise UserError(f"{run.name}: run `dvc repro quantize@{run.name}` first (publish carries its int8 variant)")
-    config = json.loads((run.run_dir / "checkpoint" / "best" / "config.json").read_text())
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     manifest = read_manifest(run.data_dir)
     promote = bool(parity["passed"] and metrics["bar"]["passed"])
-    serving = serving_block(models.make_config(config["arch"], config["model"]), graphs, run)
-    lineage = {"arch": run.arch, "task": run.task, "config": config["model"], "parity_passed": parity["passed"],
+    serving = serving_block(models.make_config(run.arch, run.model), graphs, run)
+    lineage = {"arch": run.arch, "task": run.task, "config": run.model, "parity_passed": parity["passed"],
                "git_commit": tracking.git_commit(root),
                **({"run_dir": str(run.run_dir.resolve())} if adhoc else {"dvc": dvc_hashes(root, run.name)})}
     artifacts = [run.data_dir / a for a in manifest.get("artifacts", [])]
@@ -342,13 +351,13 @@ def publish(run: RunConfig, root: Path = ROOT, repository: Path | None = None) -
             fp32_serving, record = ctranslate2_engine.build(run, serving, artifacts, Path(scratch))
             engine, engine_dir = {"engine": record}, Path(scratch) / ctranslate2_engine.ENGINE_DIR
             promote = promote and record["bar"]["passed"]  # what it serves meets the bar too
-        meta, created = write_version(
+        meta, created, served = write_version(
             repository / run.name, run.name, onnx_dir, fp32_serving,
             {**lineage, "metrics": scalars(metrics), "bar": metrics["bar"], **engine, "production": promote},
             artifacts, engine_dir)
     # Also a version written by a run killed before it registered it (its metadata has no MLflow version).
     if not adhoc and (created or "mlflow_version" not in meta):
-        _register(run, root, meta, promote)
+        _register(run, root, meta, promote, served)
     meta["int8"] = publish_int8(run, root, serving, lineage, artifacts, meta["version"], promote,
                                 repository=repository, register=not adhoc)
     return meta
@@ -359,14 +368,14 @@ def scalars(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
 
 
-def _register(run: RunConfig, root: Path, meta: dict, promote: bool) -> None:
+def _register(run: RunConfig, root: Path, meta: dict, promote: bool, served: dict | None) -> None:
     """Register a newly written version in MLflow and record the MLflow version in its metadata."""
     name = meta["model"]
     version_dir = root / "model_repository" / name / str(meta["version"])
     with tracking.run(name, "publish", root=root) as mlflow:
         meta["mlflow_version"] = register(name, version_dir, meta, promote,
                                           f"attnzoo {run.arch} on {run.task}"
-                                          + (f" (int8 variant of {run.name})" if name != run.name else ""))
+                                          + (f" (int8 variant of {run.name})" if name != run.name else ""), served)
         mlflow.log_artifact(str(version_dir / "MODEL_CARD.md"))
     write_atomic(version_dir / "metadata.json", json.dumps(meta, indent=1))
 
@@ -402,14 +411,14 @@ def publish_int8(run: RunConfig, root: Path, serving: dict, lineage: dict, artif
         engine = {"engine": {**record, "bar": check_bar(record["metrics"], run.bar or [])}}
         engine_dir = run.run_dir / "int8" / record["serving"]["folder"]
         promote = promote and engine["engine"]["bar"]["passed"]
-    meta, created = write_version(
+    meta, created, loaded = write_version(
         repo, name, run.run_dir / "int8", served,
         {**lineage, "precision": "int8", "fp32_model": run.name, "fp32_version": fp32_version,
          "metrics": scalars(report["metrics"]), "bar": bar, "int8_gate": report["gate"], **engine,
          "quantization": report["quantization"], "production": bool(promote and bar["passed"])},
         artifacts, engine_dir)
     if register and (created or "mlflow_version" not in meta):
-        _register(run, root, meta, meta["production"])
+        _register(run, root, meta, meta["production"], loaded)
     return {"model": name, "published": True, "version": meta["version"], "production": meta["production"]}
 
 
