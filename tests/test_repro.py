@@ -40,7 +40,7 @@ def test_stages_run_as_ray_tasks_on_both_nodes_of_a_cluster(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     states = summary(repo)
     assert {row["state"] for row in states.values()} == {"ran"}, states
-    assert len(states) == 6  # prepare, tune, train for each model
+    assert len(states) == 8  # task_code, prepare, tune, train for each model
     nodes = {row["where"] for row in states.values()}
     assert len(nodes) == 2, states
     assert_dvc_clean(repo, env, *targets)
