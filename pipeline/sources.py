@@ -1,5 +1,6 @@
-"""The source files a task's code is made of: its module (a package: every file in its folder), then
-every file of this repository its ``import`` statements reach, at the top or inside a function.
+"""The source files a task's code is made of: its module (a folder: the files in it; its subfolders are
+``prepare``'s), then every file of this repository its ``import`` statements reach, at the top or inside
+a function.
 
 ``task_code@<task>`` writes them with their hashes for the stages of the task's models to depend on,
 and a training run's identity (``training/resume.py``) covers the same files.

@@ -3,11 +3,11 @@
 A task's module builds on others (``convex_hull`` on ``common/pointer.py``, the recognition tasks on
 ``common/recognition.py``, its evaluation on ``pipeline/plots.py`` ...) and a ``like:`` task runs
 another task's code, so no fixed path in ``dvc.yaml`` names them for every entry. This stage lists
-them: the task's module (a package: every file in its folder), then every file of this repository its
-``import`` statements reach (top level or inside a function), each with its SHA-256. The stages of
-the task's models depend on that list rather than on all of ``pipeline/tasks``: an edit to one task
-re-runs the stages of its own models, and re-running this stage for an edit elsewhere rewrites the
-same bytes, so nothing downstream re-runs.
+them (``pipeline/sources.py``): the task's module (a folder: the files in it), then every file of this
+repository its ``import`` statements reach, each with its SHA-256; ``<task>.prepare.json`` lists what
+only ``prepare`` runs (the folder's subfolders). The stages of the task's models depend on these lists
+rather than on all of ``pipeline/tasks``: an edit to one task re-runs the stages of its own models,
+and re-running this stage for an edit elsewhere rewrites the same bytes, so nothing downstream re-runs.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        if args.task not in load_params().get("tasks", {}):
-            raise UserError(f"unknown task '{args.task}'; params.yaml lists: {', '.join(load_params()['tasks'])}")
+        tasks = load_params().get("tasks", {})
+        if args.task not in tasks:
+            raise UserError(f"unknown task '{args.task}'; params.yaml lists: {', '.join(tasks)}")
         runs, prepare_only = task_code(args.task, code_name(args.task))
         out = ROOT / "data" / "task_code"
         out.mkdir(parents=True, exist_ok=True)
