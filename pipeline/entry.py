@@ -31,6 +31,16 @@ def model_parser(description: str, run_help: str | None = None, **kwargs) -> arg
     return ap
 
 
+def task_entry(task: str) -> dict:
+    """``params.yaml``'s ``tasks.<task>``; an unknown task is one sentence listing the known ones."""
+    from pipeline.config import UserError, load_params
+
+    tasks = load_params().get("tasks", {})
+    if task not in tasks:
+        raise UserError(f"unknown task '{task}'; params.yaml lists: {', '.join(tasks)}")
+    return tasks[task]
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["lr=3e-4", "attention=none"]`` -> ``{"lr": 0.0003, "attention": "none"}`` (YAML-typed)."""
     out = {}

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from pipeline import tracking
-from pipeline.config import ROOT, UserError, load_params
-from pipeline.entry import run_cli
+from pipeline.config import ROOT
+from pipeline.entry import run_cli, task_entry
 from pipeline.files import scratch_beside
 from pipeline.tasks import get_task
 
@@ -50,15 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        tasks = load_params().get("tasks", {})
-        if args.task not in tasks:
-            raise UserError(f"unknown task '{args.task}'; params.yaml lists: {', '.join(tasks)}")
+        params = task_entry(args.task)
         tracking.ensure_reachable()  # before the work, not after it: a dead server fails in seconds
         started = time.time()
-        manifest = prepare(args.task, tasks[args.task], ROOT / "data" / "prepared" / args.task)
+        manifest = prepare(args.task, params, ROOT / "data" / "prepared" / args.task)
         seconds = time.time() - started
         print(f"prepared {args.task} in {seconds:.1f} s")
-        with tracking.run(args.task, "prepare", params={"task": tasks[args.task]}) as mlflow:
+        with tracking.run(args.task, "prepare", params={"task": params}) as mlflow:
             mlflow.log_dict(manifest, "manifest.json")
             mlflow.log_metric("prepare_seconds", round(seconds, 1))
         print(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1))

@@ -17,8 +17,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.config import ROOT, UserError, load_params
-from pipeline.entry import run_cli
+from pipeline.config import ROOT
+from pipeline.entry import run_cli, task_entry
 from pipeline.sources import task_files
 from pipeline.tasks import code_name
 
@@ -40,9 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        tasks = load_params().get("tasks", {})
-        if args.task not in tasks:
-            raise UserError(f"unknown task '{args.task}'; params.yaml lists: {', '.join(tasks)}")
+        task_entry(args.task)
         runs, prepare_only = task_code(args.task, code_name(args.task))
         out = ROOT / "data" / "task_code"
         out.mkdir(parents=True, exist_ok=True)
