@@ -1,12 +1,14 @@
 """The code's shape, read from its source: functions that fit a screen, no import cycle, stages that import
-no other stage, and nothing below the runner importing it."""
+no other stage, nothing below the runner importing it, and every stage depending on the code it runs."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("models", "pipeline", "serving")
@@ -152,3 +154,69 @@ def test_only_prepare_imports_a_task_folders_subfolders():
                 checked += 1
                 assert _prepare_only_uses(ast.parse(path.read_text()), module) == [], path
     assert checked >= 1  # translation_de_en/__init__.py against its corpus/
+
+
+def _runs_nothing(path: Path) -> bool:
+    """An ``__init__.py`` holding a docstring alone: importing it cannot change a result."""
+    return all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in ast.parse(path.read_text()).body)
+
+
+def _reached(module: str) -> set[str]:
+    """The files ``module`` runs: what its imports reach, at the top or inside a function, with the
+    packages Python runs on the way (``pipeline.tasks`` for ``pipeline.tasks.sort``)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in MODULES]
+        todo += GRAPH[name]
+    return {MODULES[n].relative_to(ROOT).as_posix() for n in seen if not _runs_nothing(MODULES[n])}
+
+
+def _stage_entries():
+    """Each ``python -m`` stage of dvc.yaml, expanded over the params.yaml entries it runs for:
+    (stage name, module, deps with ``${key}`` / ``${item.*}`` filled in, the entry's arch or None)."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for kind, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
+        module = re.search(r"python -m (\S+)", stage["do"]["cmd"])[1]
+        for key, item in params[stage["foreach"].strip("${}")].items():
+            fill = {"${key}": key, **{f"${{item.{k}}}": str(v) for k, v in item.items()}}
+            deps = [re.sub(r"\$\{[^}]+\}", lambda m, fill=fill: fill[m[0]], d if isinstance(d, str) else next(iter(d)))
+                    for d in stage["do"].get("deps", [])]
+            yield f"{kind}@{key}", module, deps, item.get("arch")
+
+
+STAGES = list(_stage_entries())
+
+
+def test_every_stage_depends_on_the_code_it_runs():
+    """DVC re-runs a stage when a dependency changes, so a file a stage runs and does not list would
+    leave its outputs stale after an edit. A task's code is named by ``data/task_code/<task>.json``
+    (the stage must depend on it); a model stage runs its own architecture's file, reached through
+    the registry, and no other."""
+    missing = {}
+    for name, module, deps, arch in STAGES:
+        files = _reached(module) | (_reached(f"models.{arch}") if arch else set())
+        for path in sorted(files):
+            if any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps):
+                continue
+            if path.startswith("pipeline/tasks/") and any(d.startswith("data/task_code/") for d in deps):
+                continue
+            if arch and path.startswith("models/") and path not in ("models/__init__.py", "models/layers.py"):
+                continue  # another architecture's file (the CTranslate2 engine converts Transformers alone)
+            missing.setdefault(path, []).append(name)
+        if arch and "models/__init__.py" in files and f"models/{arch}.py" not in deps:
+            missing.setdefault(f"models/{arch}.py", []).append(name)
+    assert not missing, f"add these to the stages' deps in dvc.yaml: {missing}"
+
+
+def test_the_stage_check_reads_every_stage():
+    kinds = {name.split("@")[0] for name, *_ in STAGES}
+    assert kinds == {"task_code", "prepare", "tune", "train", "evaluate", "export", "quantize", "publish", "report"}
+    export = next(deps for name, _, deps, _ in STAGES if name == "export@bahdanau")
+    assert {"runs/bahdanau/checkpoint", "models/bahdanau.py", "data/task_code/translation_de_en.json"} <= set(export)
+    assert "pipeline/tasks/sort.py" in _reached("pipeline.tasks.sort")
+    assert "models/layers.py" in _reached("models.bahdanau")
