@@ -4,6 +4,7 @@ no other stage, nothing below the runner importing it, and every stage depending
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -156,12 +157,14 @@ def test_only_prepare_imports_a_task_folders_subfolders():
     assert checked >= 1  # translation_de_en/__init__.py against its corpus/
 
 
+@functools.cache
 def _runs_nothing(path: Path) -> bool:
     """An ``__init__.py`` holding a docstring alone: importing it cannot change a result."""
     return all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in ast.parse(path.read_text()).body)
 
 
-def _reached(module: str) -> set[str]:
+@functools.cache
+def _reached(module: str) -> frozenset[str]:
     """The files ``module`` runs: what its imports reach, at the top or inside a function, with the
     packages Python runs on the way (``pipeline.tasks`` for ``pipeline.tasks.sort``)."""
     seen, todo = set(), [module]
@@ -173,7 +176,7 @@ def _reached(module: str) -> set[str]:
         parts = name.split(".")
         todo += [p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in MODULES]
         todo += GRAPH[name]
-    return {MODULES[n].relative_to(ROOT).as_posix() for n in seen if not _runs_nothing(MODULES[n])}
+    return frozenset(MODULES[n].relative_to(ROOT).as_posix() for n in seen if not _runs_nothing(MODULES[n]))
 
 
 def _stage_entries():
@@ -203,7 +206,7 @@ def test_every_stage_depends_on_the_code_it_runs():
     the registry, and no other."""
     missing = {}
     for name, module, deps, arch in STAGES:
-        files = _reached(module) | (_reached(f"models.{arch}") if arch else set())
+        files = _reached(module) | (_reached(f"models.{arch}") if arch else frozenset())
         for path in sorted(files):
             if any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps):
                 continue
