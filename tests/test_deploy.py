@@ -28,6 +28,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests import pod_security
 from tests.conftest import ROOT, stop_process
 
 pytestmark = pytest.mark.integration  # starts servers or processes
@@ -39,6 +40,7 @@ SCHEMAS = {("serving.kserve.io/v1alpha1", "ServingRuntime"): KSERVE / "schemas" 
            ("serving.kserve.io/v1beta1", "InferenceService"): KSERVE / "schemas" / "inferenceservice-v1beta1.json"}
 MODELS = "/mnt/models"  # where KServe puts an InferenceService's storageUri
 PORT = 8080  # KServe's default HTTP port
+WRITABLE = ("/tmp",)  # all the server writes, under a read-only root (tempfile's default directory)
 
 
 def serve_extra() -> list[str]:
@@ -258,6 +260,36 @@ def test_inference_service_uses_the_runtime_and_the_runtime_the_image():
     annotations = runtime["spec"]["annotations"]
     assert annotations["prometheus.kserve.io/port"] == str(PORT)
     assert annotations["prometheus.kserve.io/path"] == "/metrics"
+
+
+def kserve_pod() -> tuple[dict, dict]:
+    """The pod KServe makes of the two manifests (metadata, spec): the ServingRuntime's containers, volumes,
+    annotations and host settings, the InferenceService predictor's pod fields, and the volume of a pvc://
+    storageUri."""
+    runtime, predictor = manifest(RUNTIME)["spec"], manifest(ISVC)["spec"]["predictor"]
+    spec = {k: v for k, v in predictor.items() if k not in ("model", "minReplicas", "maxReplicas", "annotations",
+                                                            "labels")}
+    spec["containers"] = runtime["containers"]
+    spec["volumes"] = runtime.get("volumes", []) + predictor.get("volumes", [])
+    if predictor["model"]["storageUri"].startswith("pvc://"):
+        claim = predictor["model"]["storageUri"].split("/")[2]
+        spec["volumes"].append({"name": "kserve-pvc-source", "persistentVolumeClaim": {"claimName": claim}})
+    spec.update({k: runtime[k] for k in ("hostIPC",) if k in runtime})
+    return {"annotations": {**runtime.get("annotations", {}), **predictor.get("annotations", {})}}, spec
+
+
+def test_kserve_pod_passes_the_restricted_pod_security_standard():
+    """Serving hardening, finding 7: the KServe manifests fail the "restricted" Pod Security level (no
+    readOnlyRootFilesystem, no seccompProfile RuntimeDefault). The pod they make passes every restricted
+    control (tests/pod_security.py), and its container's root file system is read-only, with an emptyDir
+    at each path the server writes to (/tmp: --workers N keeps its Prometheus files there)."""
+    meta, spec = kserve_pod()
+    assert pod_security.violations(meta, spec) == []
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    empty = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    writable = {m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in empty}
+    assert writable == set(WRITABLE)
 
 
 # ---- the server in an environment with only the serve extra, started as the image starts it --------
