@@ -108,6 +108,33 @@ HOSTILE_VALUES = [1e300, -1e300, Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), 
                   65536, Raw('"\\ud800"'), "\x00", Raw("-"), Raw("0x10"), Raw("01")]
 
 
+# Every field of an inference request (REST JSON and the binary extension's JSON header), each sent
+# with every JSON type.
+FIELD_PATHS = [("id",), ("parameters",), ("parameters", "binary_data_output"), ("inputs",), ("inputs", 0),
+               ("inputs", 0, "name"), ("inputs", 0, "shape"), ("inputs", 0, "shape", 0), ("inputs", 0, "datatype"),
+               ("inputs", 0, "parameters"), ("inputs", 0, "parameters", "binary_data_size"), ("inputs", 0, "data"),
+               ("inputs", 0, "data", 0), ("outputs",), ("outputs", 0), ("outputs", 0, "name"),
+               ("outputs", 0, "parameters"), ("outputs", 0, "parameters", "binary_data"),
+               ("parameters", "decode"), ("parameters", "beam")]
+JSON_TYPES = [None, True, False, 0, 3, -1, 1.5, "", "FP32", [], ["x"], [1], {}, {"name": "x"}]
+
+
+def set_field(body: dict, path: tuple, value: Any) -> None:
+    """``body`` with the field at ``path`` set to ``value`` (containers on the way made as needed)."""
+    target: Any = body
+    for key in path[:-1]:
+        if isinstance(target, dict):
+            target = target.setdefault(key, {} if isinstance(key, str) else [])
+        elif isinstance(target, list) and isinstance(key, int) and key < len(target):
+            target = target[key]
+        else:
+            return
+    if isinstance(target, dict):
+        target[path[-1]] = value
+    elif isinstance(target, list) and isinstance(path[-1], int) and path[-1] < len(target):
+        target[path[-1]] = value
+
+
 def dumps(obj: Any) -> str:
     """JSON text of ``obj`` (ASCII), with :class:`Raw` and :class:`Deep` as they say."""
     if isinstance(obj, Raw):
@@ -870,6 +897,33 @@ def test_fuzz_every_endpoint(fuzz_server):
                                                          t.pop("data")), binary=blob, header=header)
 
     fz.run(edges, 15)
+
+    # -- every field of the request schema with every JSON type (JSON body and binary header) ------------
+    def fields():
+        for name in [n for n in ("act", "ntm", "bahdanau", "programmer", "draw.step") if n in metas]:
+            for binary in (False, True):
+                for path in FIELD_PATHS:
+                    if binary and path[:3] == ("inputs", 0, "data"):
+                        continue
+                    for value in JSON_TYPES:
+                        body = json.loads(goods[name])
+                        body.setdefault("outputs", [{"name": metas[name]["outputs"][0]["name"]}])
+                        body.setdefault("parameters", {})
+                        blob = b""
+                        if binary:
+                            first = body["inputs"][0]
+                            blob = to_bytes(first["datatype"], first.pop("data"))
+                            first["parameters"] = {"binary_data_size": len(blob)}
+                        set_field(body, path, value)
+                        head = dumps(body).encode()
+                        headers = {"Content-Type": "application/json"}
+                        if binary:
+                            headers = {"Content-Type": "application/octet-stream",
+                                       "Inference-Header-Content-Length": str(len(head))}
+                        fz.send("POST /v2/models/{name}/infer", "POST", f"/v2/models/{segment(name)}/infer",
+                                head + blob, headers, doc=body)
+
+    fz.run(fields, 12)
 
     # -- 1. the endpoints, path parameters and methods fuzzed ---------------------------------------------
     @fuzz_settings(1400)
