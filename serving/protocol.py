@@ -112,6 +112,58 @@ def _parameters(tensor: dict, what: str) -> dict:
     return params
 
 
+_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", int: "an integer",
+               float: "a number", type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _field(value: Any, what: str, types: tuple, wanted: str, optional: bool = True) -> None:
+    """400 naming ``what`` when ``value`` is not of ``types`` (bool is never an integer here)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise RequestError(f"{what} must be {wanted}, got {_kind(value)}")
+
+
+def check_fields(body: Any) -> None:
+    """The JSON type of every field of an inference request (the REST JSON, or the binary
+    extension's JSON header), checked before any is used: a wrong type anywhere is a 400 naming
+    the field, never an exception deeper in. Values are checked later, by :func:`parse_request`."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object with 'inputs', got {_kind(body)}")
+    _field(body.get("id"), "'id'", (str,), "a string")
+    _field(body.get("parameters"), "'parameters'", (dict,), "an object")
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError(f"'inputs' must be a non-empty list of input objects, got {_kind(inputs)}"
+                           + (" (empty)" if isinstance(inputs, list) else ""))
+    for i, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise RequestError(f"each input must be an object with name, shape, datatype and data; inputs[{i}] is "
+                               f"{_kind(tensor)}")
+        name = tensor.get("name")
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"inputs[{i}] has no 'name' (a non-empty string; got {_kind(name)})")
+        what = f"input {_show(name)}"
+        _field(tensor.get("shape"), f"{what}: 'shape'", (list,), "a list of non-negative integers", optional=False)
+        _field(tensor.get("datatype"), f"{what}: 'datatype'", (str,), f"a string, one of {', '.join(DATATYPES)}",
+               optional=False)
+        _field(tensor.get("parameters"), f"{what}: 'parameters'", (dict,), "an object")
+        if isinstance(tensor.get("data"), dict):
+            raise RequestError(f"{what}: 'data' must be a list of values, got an object")
+    outputs = body.get("outputs")
+    _field(outputs, "'outputs'", (list,), "a list of objects with a 'name'")
+    for i, tensor in enumerate(outputs or []):
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise RequestError(f"'outputs' must be a list of objects with a 'name'; outputs[{i}] is "
+                               + (_kind(tensor) if not isinstance(tensor, dict) else
+                                  f"an object whose 'name' is {_kind(tensor.get('name'))}"))
+        _field(tensor.get("parameters"), f"output {_show(tensor['name'])}: 'parameters'", (dict,), "an object")
+
+
 def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[str, np.ndarray, str]:
     """One request input -> (name, array, datatype): its values from ``data`` (JSON) or, with
     ``parameters.binary_data_size``, from its bytes in ``binary`` (as :func:`read_request` split
@@ -128,7 +180,7 @@ def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[s
     if len(shape) > MAX_DIMS or math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS:
         raise RequestError(f"input '{name}': shape {_show(shape)} is beyond this server's limits "
                            f"({MAX_DIMS} dimensions, {MAX_ELEMENTS} elements)", status=413)
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise RequestError(f"input '{name}': unknown datatype {datatype!r}; one of {', '.join(DATATYPES)}")
     is_binary = "binary_data_size" in _parameters(tensor, f"input '{name}'")
     if is_binary and "data" in tensor:
@@ -143,7 +195,7 @@ def decode_input(tensor: Any, binary: dict[str, bytes] | None = None) -> tuple[s
         return name, tensor_from_bytes(name, datatype, shape, binary[name]), datatype
     flat = _flatten(name, tensor["data"], max(len(shape), 1))
     if len(flat) != count:
-        raise RequestError(f"input '{name}': shape {shape} needs {count} values, got {len(flat)}")
+        raise RequestError(f"input '{name}': shape {shape} needs {count} values, got {len(flat)} in 'data'")
     _check_values(name, datatype, flat)
     array = np.array(flat, dtype=DATATYPES[datatype]).reshape(shape)  # row-major, as the spec says
     _check_finite(name, datatype, array)
@@ -186,14 +238,9 @@ def parse_request(body: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]
 
     Returns (named input arrays, requested output names in order, request parameters).
     """
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object with 'inputs'")
-    raw = body.get("inputs")
-    if not isinstance(raw, list) or not raw:
-        raise RequestError("'inputs' must be a non-empty list")
-    params = body.get("parameters", {})
-    if not isinstance(params, dict):
-        raise RequestError("'parameters' must be an object")
+    check_fields(body)
+    raw = body["inputs"]
+    params = body.get("parameters") or {}
     if not isinstance(params.get("binary_data_output", False), bool):
         raise RequestError("parameters.binary_data_output must be true or false")
     declared = {s.name: s for s in inputs}
@@ -379,15 +426,13 @@ def read_request(raw: bytes, header_length: str | None, inputs: list[TensorSpec]
                                f"{HEADER_LENGTH} says) is not valid JSON ({err})") from None
         hint = f"; binary tensor data needs the {HEADER_LENGTH} header" if b'"binary_data_size"' in raw else ""
         raise RequestError(f"invalid request: the body is not valid JSON ({err}){hint}") from None
-    tensors = body.get("inputs") if isinstance(body, dict) else None
+    check_fields(body)
     sizes: list[tuple[str, int]] = []
-    for tensor in tensors if isinstance(tensors, list) else []:
-        params = tensor.get("parameters") if isinstance(tensor, dict) else None
-        if not isinstance(params, dict) or "binary_data_size" not in params:
+    for tensor in body["inputs"]:
+        params = tensor.get("parameters") or {}
+        if "binary_data_size" not in params:
             continue
-        name, n = tensor.get("name"), params["binary_data_size"]
-        if not isinstance(name, str) or not name:
-            raise RequestError("an input has no 'name'")
+        name, n = tensor["name"], params["binary_data_size"]
         if not _is_int(n) or n < 0:
             raise RequestError(f"input '{name}': parameters.binary_data_size must be a non-negative integer, "
                                f"got {_show(n)}")

@@ -379,10 +379,7 @@ class Service:
         params = body.get("parameters") if isinstance(body, dict) else None
         model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
         feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
-        request_id = body.get("id")
-        if request_id is not None and not isinstance(request_id, str):
-            raise RequestError("'id' must be a string")
-        return feeds, wanted, params, binary_outputs(body, wanted), request_id
+        return feeds, wanted, params, binary_outputs(body, wanted), body.get("id")  # a string (check_fields)
 
     @staticmethod
     def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):
