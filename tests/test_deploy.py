@@ -422,8 +422,36 @@ def _get(url: str) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
-@pytest.mark.parametrize("started_by", ["Dockerfile", "ServingRuntime"])
+def read_only_root(cmd: list[str], tmp: Path) -> list[str]:
+    """``cmd`` in its own mount namespace where, as in the pod with readOnlyRootFilesystem, only WRITABLE
+    (the manifest's emptyDir paths) can be written: / is remounted read-only, and so is the test's own
+    folder ``tmp`` (image, model repository, home), should it lie under a writable path."""
+    script = ["set -e", "mount --make-rprivate /", *[f"mount --bind {w} {w}" for w in WRITABLE],
+              "mount -o remount,bind,ro /", f"mount --bind {tmp} {tmp}", f"mount -o remount,bind,ro {tmp}",
+              'exec "$@"']
+    return ["unshare", "--mount", "sh", "-c", "; ".join(script), "sh", *cmd]
+
+
+def _read_only_root_works(tmp: Path, env: dict) -> bool:
+    """Whether this machine lets a test make a mount namespace (root, or a user namespace), and if so that
+    the sandbox refuses a write to / and to ``tmp`` and allows one under WRITABLE."""
+    probe = ("import os, sys, tempfile\n"
+             "for path in sys.argv[1:]:\n"
+             "    try:\n        open(os.path.join(path, 'probe'), 'w')\n        sys.exit(f'wrote {path}')\n"
+             "    except OSError:\n        pass\n"
+             "tempfile.mkdtemp()\n")
+    done = subprocess.run(read_only_root([sys.executable, "-S", "-c", probe, "/", str(tmp)], tmp), env=env,
+                          capture_output=True, text=True, timeout=30)
+    if "unshare" in done.stderr or "mount:" in done.stderr:
+        return False
+    assert done.returncode == 0, done.stderr
+    return True
+
+
+@pytest.mark.parametrize("started_by", ["Dockerfile", "ServingRuntime", "ServingRuntime, read-only root"])
 def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_probes(started_by, tmp_path):
+    """The last case runs the server as the ServingRuntime's pod does, with only WRITABLE writable (serving
+    hardening, finding 7: readOnlyRootFilesystem)."""
     repo = tmp_path / "model_repository"
     w = publish_tiny(repo, tmp_path / "work")
     site, app = image_like(tmp_path)
@@ -436,8 +464,12 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
     assert str(repo) in " ".join(args) and str(port) in " ".join(args)
     # -S: no site-packages but the image-like one; cwd /app-like: `serving` and nothing else of the project.
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-S", *args], cwd=app, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [sys.executable, "-S", *args]
+    if started_by.endswith("read-only root"):
+        if not _read_only_root_works(tmp_path, env):
+            pytest.skip("this machine lets no test make a mount namespace (unshare --mount needs root)")
+        cmd = read_only_root(cmd, tmp_path)
+    proc = subprocess.Popen(cmd, cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
