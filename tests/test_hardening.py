@@ -112,3 +112,63 @@ def test_a_few_gzip_members_still_decode_and_the_inflated_size_is_capped():
     assert err.value.status == 413
     with pytest.raises(RequestError, match="after the end"):
         decode_body(zlib.compress(b"{}") + b"x", "deflate", 1000)
+
+
+class _Repo:
+    """A repository of one model for a Service in process (no graph is ever run here)."""
+
+    models = {"m": {1: "model"}}
+    providers: set = set()
+    errors: dict = {}
+
+    @staticmethod
+    def get(name, version=None):
+        return "model"
+
+
+class _Request:
+    headers: dict = {}
+
+    @staticmethod
+    async def body() -> bytes:
+        return b"{}"
+
+
+def test_the_codec_queue_is_bounded_and_its_jobs_keep_the_request_deadline():
+    """Finding 1: parsing ran on two codec threads behind an unbounded queue, outside the request's
+    deadline. With both threads busy and --max-queue jobs waiting, one more request is 503 with
+    Retry-After at once; a job that waited past its deadline is 504 and never starts, and a running
+    one is answered 504 at its deadline."""
+    import asyncio
+    import threading
+
+    from serving.server import ServeConfig, Service
+
+    service = Service(ServeConfig(max_queue=3, timeout_s=0.6, running=2), _Repo())
+    release, started = threading.Event(), []
+
+    def parse(*_):
+        started.append(1)
+        release.wait(10)
+        raise RequestError("released")
+
+    service.parse = parse
+
+    async def scenario():
+        first = [asyncio.create_task(service.infer("m", None, _Request())) for _ in range(3)]
+        await asyncio.sleep(0.1)  # two running, one queued behind them: the queue is full
+        began = time.monotonic()
+        with pytest.raises(RequestError) as busy:
+            await service.infer("m", None, _Request())
+        assert busy.value.status == 503 and busy.value.headers.get("Retry-After") == "1"
+        assert time.monotonic() - began < 0.1
+        results = await asyncio.gather(*first, return_exceptions=True)
+        took = time.monotonic() - began
+        release.set()
+        return results, took
+
+    results, took = asyncio.run(scenario())
+    assert [getattr(r, "status", None) for r in results] == [504, 504, 504], results
+    assert took < 1.0 and len(started) == 2, (took, started)  # the queued one never ran
+    service.codec.shutdown(wait=True)
+    assert service.codec_jobs == 0
