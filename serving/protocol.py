@@ -454,9 +454,16 @@ def read_request(raw: bytes, header_length: str | None, inputs: list[TensorSpec]
     return body, binary
 
 
-def decode_body(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
+MAX_MEMBERS = 64  # gzip members of one body (a client compresses once; concatenations are rare)
+INFLATE_CHUNK = 1 << 16  # compressed bytes fed at a time: the work per member is what it consumes
+
+
+def decode_body(raw: bytes, content_encoding: str | None, limit: int, check=None) -> bytes:
     """Undo a gzip or deflate ``Content-Encoding`` (tritonclient's request_compression_algorithm);
-    the body it decompresses to may be ``limit`` bytes at most (HTTP 413 beyond)."""
+    the body it decompresses to may be ``limit`` bytes at most (HTTP 413 beyond), in at most
+    :data:`MAX_MEMBERS` gzip members (400 beyond). Linear in the body's size: the input is fed in
+    chunks of a view, never copied per member. ``check``: called between chunks (the request's
+    deadline: it raises to stop)."""
     codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
     codings = [c for c in codings if c and c != "identity"]
     if not codings:
@@ -465,23 +472,31 @@ def decode_body(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
     if len(codings) > 1 or coding not in ENCODINGS:
         raise RequestError(f"Content-Encoding {_show(content_encoding)} is not supported; send the body as it "
                            "is or compressed with gzip or deflate", headers={"Accept-Encoding": "gzip, deflate"})
-    parts, total, rest = [], 0, raw
+    view, at, parts, total, members = memoryview(raw), 0, [], 0, 0
     while True:  # gzip: one member after another
+        members += 1
+        if members > MAX_MEMBERS:
+            raise RequestError(f"the gzip body has more than {MAX_MEMBERS} members; compress the body as one")
         stream = zlib.decompressobj(ENCODINGS[coding])
-        try:
-            parts.append(stream.decompress(rest, limit + 1 - total))
-        except zlib.error as err:
-            raise RequestError(f"the body is not valid {coding} data ({err})") from None
-        total += len(parts[-1])
-        if total > limit:
-            raise RequestError(f"request body larger than {limit} bytes once decompressed", status=413)
+        while not stream.eof and at < len(view):
+            if check is not None:
+                check()
+            chunk = view[at : at + INFLATE_CHUNK]
+            try:
+                parts.append(stream.decompress(chunk, limit + 1 - total))
+            except zlib.error as err:
+                raise RequestError(f"the body is not valid {coding} data ({err})") from None
+            total += len(parts[-1])
+            if total > limit:
+                raise RequestError(f"request body larger than {limit} bytes once decompressed", status=413)
+            # below the output cap every byte is consumed, but those after the member's end
+            at += len(chunk) - len(stream.unused_data)
         if not stream.eof:
             raise RequestError(f"the {coding} body is truncated")
-        rest = stream.unused_data
-        if not rest:
+        if at == len(view):
             return b"".join(parts)
         if coding != "gzip":
-            raise RequestError(f"the {coding} body has {len(rest)} bytes after the end of its data")
+            raise RequestError(f"the {coding} body has {len(view) - at} bytes after the end of its data")
 
 
 def accepted_encoding(accept_encoding: str | None) -> str | None:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -33,7 +34,15 @@ from pydantic import BaseModel, StrictBool, ValidationError
 from starlette.exceptions import HTTPException
 
 from serving import __version__
-from serving.admission import COMPUTE, Admission, deadline_scope, over_limit
+from serving.admission import (
+    COMPUTE,
+    Admission,
+    DeadlineExceeded,
+    check_deadline,
+    deadline_carried,
+    deadline_scope,
+    over_limit,
+)
 from serving.base import GraphModel, ServedModel
 from serving.batching import DynamicBatcher, GreedyScheduler, StepBatcher
 from serving.protocol import (
@@ -296,6 +305,8 @@ class Service:
         # Request parsing and answer encoding, off the event loop; two at a time bounds the memory of
         # answers being encoded (each is held as arrays and as bytes meanwhile).
         self.codec = ThreadPoolExecutor(2, thread_name_prefix="codec")
+        # Jobs queued for or running on those threads: at most --max-queue, beyond that 503 at once.
+        self.codec_jobs, self.codec_lock = 0, threading.Lock()
         self.admission = Admission(cfg.running, cfg.max_queue)
         self.requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
                                 registry=self.registry)
@@ -342,20 +353,20 @@ class Service:
 
     async def infer(self, name: str, version: str | None, request: Request) -> Response:
         cfg, started, status = self.cfg, time.perf_counter(), 500
+        deadline = (time.monotonic() + cfg.timeout_s, cfg.timeout_s)  # parsing and encoding count too
         try:
             model = self.repo.get(name, version)
-            loop = asyncio.get_running_loop()
             # Parsing and encoding run in their own threads: the event loop keeps answering others.
-            feeds, wanted, params, as_binary, request_id = await loop.run_in_executor(
-                self.codec, self.parse, model, await request.body(), request.headers)
+            feeds, wanted, params, as_binary, request_id = await self.in_codec(
+                deadline, self.parse, model, await request.body(), request.headers)
             async with self.admission.turn():  # 503 + Retry-After when the waiting room is full
                 # the loop itself stops at its deadline (504); the grace covers the last step
                 outs = await asyncio.wait_for(self.run_model(model, feeds, params), cfg.timeout_s + 5)
             header = {"model_name": model.name, "model_version": str(model.version)}
             if request_id is not None:
                 header["id"] = request_id
-            content, headers = await loop.run_in_executor(
-                self.codec, self.encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
+            content, headers = await self.in_codec(
+                deadline, self.encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
                 request.headers.get("accept-encoding"))
             status = 200
             return Response(content, headers=headers)
@@ -369,12 +380,39 @@ class Service:
             self.requests.labels(self.label(name), str(status)).inc()
             self.latency.labels(self.label(name)).observe(time.perf_counter() - started)
 
+    async def in_codec(self, deadline: tuple[float, float], work, *args):
+        """``work(*args)`` on a codec thread under the request's deadline: a job that waited past it
+        is not started (504), one running stops at its next check, and at most ``--max-queue`` jobs
+        wait or run at once (503 with Retry-After beyond, at once)."""
+        with self.codec_lock:
+            if self.codec_jobs >= self.cfg.max_queue:
+                raise RequestError("the server is busy (request parsing queue full); retry shortly", status=503,
+                                   headers={"Retry-After": "1"})
+            self.codec_jobs += 1
+
+        def run():
+            with deadline_carried(deadline):
+                check_deadline()
+                return work(*args)
+
+        def done(_):
+            with self.codec_lock:
+                self.codec_jobs -= 1
+
+        job = self.codec.submit(run)
+        job.add_done_callback(done)  # also when cancelled before it started
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(job), max(deadline[0] - time.monotonic(), 0.0))
+        except TimeoutError:
+            raise DeadlineExceeded(deadline[1]) from None
+
     def parse(self, model: ServedModel, raw: bytes, http_headers) -> tuple:
         """A request body -> (feeds, wanted outputs, parameters, binary outputs, id), checked: against
         the model's limits on the shapes it declares (413 before its data is read), then by
         serving.protocol, not by pydantic (one pass over possibly large data, JSON or JSON + binary
         tensor data, maybe gzipped)."""
-        raw = decode_body(raw, http_headers.get("content-encoding"), int(self.cfg.max_body_mb * 2**20))
+        raw = decode_body(raw, http_headers.get("content-encoding"), int(self.cfg.max_body_mb * 2**20),
+                          check_deadline)
         body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
         params = body.get("parameters") if isinstance(body, dict) else None
         model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
