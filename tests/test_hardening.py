@@ -172,3 +172,58 @@ def test_the_codec_queue_is_bounded_and_its_jobs_keep_the_request_deadline():
     assert took < 1.0 and len(started) == 2, (took, started)  # the queued one never ran
     service.codec.shutdown(wait=True)
     assert service.codec_jobs == 0
+
+
+class _OneModelRepo(_Repo):
+    @staticmethod
+    def get(name, version=None):
+        raise RequestError(f"unknown model '{name}'", status=404)
+
+
+def _guarded_app(**cfg):
+    from serving.server import ServeConfig, create_app
+
+    return create_app(ServeConfig(**{"host": "127.0.0.1", "port": 8000, **cfg}), _OneModelRepo())
+
+
+def test_a_web_page_cannot_reach_the_server_by_origin_host_or_a_simple_post():
+    """Finding 8: a page the developer visits could POST text/plain to 127.0.0.1:8000/.../infer and,
+    through DNS rebinding (Host: the attacker's name), read the answers. Playing the browser: a
+    foreign Origin is 403, a Host not in the allow-list (default: the bound address and localhost)
+    is 400, and infer with a form or text Content-Type is 415, all before any work; the server's own
+    origin, localhost, tritonclient (no Content-Type, no Origin) and the JSON and binary types pass."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(_guarded_app(), base_url="http://127.0.0.1:8000")
+    infer, body = "/v2/models/m/infer", b'{"inputs": []}'
+    json_type = {"Content-Type": "application/json"}
+    refused = [
+        ("POST", infer, {**json_type, "Origin": "http://evil.example"}, 403, "Origin"),
+        ("POST", infer, {**json_type, "Origin": "null"}, 403, "Origin"),
+        ("POST", infer, {**json_type, "Origin": "http://127.0.0.1:9999"}, 403, "Origin"),
+        ("GET", "/v2/health/ready", {"Origin": "http://evil.example"}, 403, "Origin"),
+        ("POST", infer, {**json_type, "Host": "evil.example:8000", "Origin": "http://evil.example:8000"}, 400,
+         "Host"),
+        ("GET", "/v2/models/m", {"Host": "rebound.attacker.example"}, 400, "Host"),
+        ("POST", infer, {"Content-Type": "text/plain;charset=UTF-8"}, 415, "Content-Type"),
+        ("POST", infer, {"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        ("POST", infer, {"Content-Type": "multipart/form-data; boundary=x"}, 415, "Content-Type"),
+    ]
+    for method, path, headers, status, word in refused:
+        got = client.request(method, path, content=body if method == "POST" else None, headers=headers)
+        assert got.status_code == status and word in got.json()["error"], (method, path, headers, got.text)
+    passed = [
+        ("POST", infer, {**json_type, "Origin": "http://127.0.0.1:8000"}),
+        ("POST", infer, {**json_type, "Host": "localhost:8000", "Origin": "http://localhost:8000"}),
+        ("POST", infer, {}),  # tritonclient's JSON requests carry no Content-Type
+        ("POST", infer, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": "14"}),
+        ("POST", infer, {"Content-Type": "Application/JSON; charset=utf-8", "Host": "[::1]:8000"}),
+    ]
+    for method, path, headers in passed:
+        got = client.request(method, path, content=body, headers=headers)
+        assert got.status_code == 404 and "unknown model" in got.json()["error"], (headers, got.text)
+    assert client.get("/v2/health/live", headers={"Host": "127.0.0.1"}).status_code == 200
+    anywhere = TestClient(_guarded_app(host="0.0.0.0"), base_url="http://10.1.2.3:8000")  # a pod: any Host
+    assert anywhere.get("/v2/health/live", headers={"Host": "model.ns.svc.cluster.local"}).status_code == 200
+    listed = TestClient(_guarded_app(allowed_hosts="api.example.org"), base_url="http://api.example.org")
+    assert listed.get("/v2/health/live").status_code == 200
