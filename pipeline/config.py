@@ -55,6 +55,22 @@ class TrainConfig:
     precision: str = "fp32"
     eval_every: int = 0  # steps between validations; 0: once per epoch
     log_every: int = 50
+    # Speed settings (OPT_IN_KEYS): how the recipe's arithmetic runs, not what it computes beyond rounding.
+    # Off by default; profiles/fast.yaml turns them on entry by entry where scripts/train_efficiency.py
+    # measured a gain. compile: the model method to torch.compile, "loss" (the whole step; for models whose
+    # loop lengths stay fixed) or the per-time-step method its loss loops over ("step", bahdanau's "_readout"),
+    # one graph reused at every time step; "" is off. Its compile time is paid in the first steps.
+    # fused_adamw: AdamW's fused kernel, one pass over all parameters instead of a loop over tensors.
+    compile: str = ""
+    fused_adamw: bool = False
+    # Stop after this many validations without a lower validation loss (0: run the whole budget). The
+    # schedule still spans the budget, so a run that stops early followed the same curve until then.
+    patience: int = 0
+
+
+# Left out of a run's recorded config (as_dict) while at their defaults, so that a run without them
+# records, and checkpoints, exactly what it did before they existed.
+OPT_IN_KEYS = ("compile", "fused_adamw", "patience")
 
 
 @dataclass
@@ -262,5 +278,9 @@ def trained_as(run: RunConfig) -> RunConfig:
 
 def as_dict(run: RunConfig) -> dict:
     """JSON-friendly view (for MLflow params and checkpoint metadata)."""
-    return {"name": run.name, "arch": run.arch, "task": run.task, "model": run.model,
-            "train": dataclasses.asdict(run.train)}
+    train = dataclasses.asdict(run.train)
+    defaults = TrainConfig()
+    for key in OPT_IN_KEYS:
+        if train[key] == getattr(defaults, key):
+            del train[key]
+    return {"name": run.name, "arch": run.arch, "task": run.task, "model": run.model, "train": train}

@@ -31,6 +31,16 @@ class NonFiniteLoss(UserError, FloatingPointError):
     Tune records the trial as failed (a ``FloatingPointError``)."""
 
 
+def compile_method(model: nn.Module, name: str, entry: str) -> None:
+    """Replace ``model.<name>`` with its ``torch.compile``d self. A method, not the module: the state_dict
+    keeps its names (checkpoints load anywhere), and validation runs the same code (its own graph, no grad)."""
+    method = getattr(model, name, None)
+    if not callable(method):
+        raise UserError(f"{entry}: train.compile is '{name}', which this model does not have; use loss or the "
+                        "method its loss calls at every time step (step, _readout)")
+    setattr(model, name, torch.compile(method))
+
+
 class _LossModule(nn.Module):
     """Routes ``forward`` to ``model.loss`` so DDP's gradient sync sees every step."""
 
@@ -138,7 +148,10 @@ class _Trainer:
             accelerator.print(f"{run.name}: this CPU cannot run {', '.join(self.fp32_rnns)} under bf16 autocast (no "
                               "native bf16); they run in fp32, the rest of the model in bf16 (train_summary.json: "
                               "fp32_rnns)")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                      **({"fused": True} if cfg.fused_adamw else {}))
+        if cfg.compile:
+            compile_method(model, cfg.compile, run.name)
         # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
         # optimizer step (N times too fast on N processes). Stepped here once per global step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, data.total))
@@ -186,19 +199,27 @@ class _Trainer:
         bar = tqdm(total=data.total, initial=state["step"], disable=not (self.main and progress),
                    desc=f"train {self.run.name}", mininterval=2, dynamic_ncols=True)
         self.last_save = time.monotonic()
-        while state["step"] < data.total:
+        while state["step"] < data.total and not state.get("stopped_early"):
             for batch in self._epoch(*divmod(state["step"], data.steps_per_epoch)):
                 loss, due = self._step(batch, mlflow, bar)
                 validating = state["step"] % data.eval_every == 0 or state["step"] >= data.total
                 last_val = self._validate(loss, mlflow, bar) if validating else {}
+                if validating and self._out_of_patience():
+                    state["stopped_early"] = True  # saved with last just below: a resume stops too
                 if validating or due:
                     self.save_last()
                     self.last_save = time.monotonic()
                 if validating and report:
                     report({**last_val, "step": state["step"]})
-                if state["step"] >= data.total:
+                if state["step"] >= data.total or state.get("stopped_early"):
                     break
         bar.close()
+
+    def _out_of_patience(self) -> bool:
+        """``patience`` validations in a row without a lower validation loss (every process agrees: the
+        validation loss is the all-processes figure)."""
+        patience = self.cfg.patience
+        return bool(patience) and self.state["step"] - self.state["best_step"] >= patience * self.data.eval_every
 
     def _epoch(self, epoch: int, position: int):
         """An iterator over this process's batches of ``epoch`` from batch ``position`` on."""
@@ -273,6 +294,7 @@ class _Trainer:
         summary = {"best_val_loss": state["best"], "best_step": state["best_step"], "steps": state["step"],
                    "train_seconds": round(self.seconds_before + time.time() - self.started, 1),
                    "processes": self.acc.num_processes, **({"fp32_rnns": self.fp32_rnns} if self.fp32_rnns else {}),
+                   **({"stopped_early": True} if state.get("stopped_early") else {}),
                    **({"averaged": state["averaged"]} if "averaged" in state else {}),
                    # the precision the run used, where it is not the one asked for (cpu_has_native_bf16)
                    **({"precision": precision} if precision != cfg.precision else {})}
