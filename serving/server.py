@@ -87,6 +87,9 @@ class ServeConfig:
     max_connections: int = 1024  # HTTP connections and requests in flight per worker; beyond: 503
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
     playground: bool = True  # the page at / (a production server behind a gateway turns it off)
+    # Host names a request may be addressed to, comma-separated ("*": any). Empty: the bound address
+    # and localhost, or any when bound to every address (a pod behind its gateway).
+    allowed_hosts: str = ""
 
 
 # `attnzoo serve --help`, one line per ServeConfig field (the defaults are appended from the dataclass).
@@ -111,6 +114,8 @@ HELP = {
     "max_connections": "HTTP connections and requests in flight per worker (more: 503 at once)",
     "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
     "playground": "the playground page at /: every served model's input and attention, drawn from this API's answers",
+    "allowed_hosts": "Host names requests may use, comma-separated, * for any (empty: the bound address and "
+                     "localhost; any when bound to 0.0.0.0 or ::)",
 }
 
 
@@ -265,6 +270,66 @@ class BodyLimit:
         return b"".join(chunks)
 
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
+INFER_TYPES = ("application/json", "application/octet-stream")  # what infer reads (or no Content-Type)
+
+
+def allowed_hosts(cfg: ServeConfig) -> frozenset[str] | None:
+    """The Host names this server answers (lower case, no port), or None for any."""
+    names = [n.strip().lower().strip("[]") for n in cfg.allowed_hosts.split(",") if n.strip()]
+    if "*" in names or (not names and cfg.host in WILDCARDS):
+        return None
+    return frozenset(names or (cfg.host.lower().strip("[]"), *LOOPBACK))
+
+
+def _host_name(value: str) -> str:
+    """``Host`` without its port: ``[::1]:8000`` -> ``::1``, ``localhost:8000`` -> ``localhost``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class Guard:
+    """ASGI middleware: what a web page in the user's browser must not do, refused before any work.
+    A Host outside the allow-list is 400 (DNS rebinding: a page whose name now points at this
+    server), an ``Origin`` that is not the server's own is 403 (a page elsewhere posting here; the
+    server's own playground and command-line clients pass), and infer with a Content-Type a page may
+    send without asking (text/plain, forms) is 415."""
+
+    def __init__(self, app, hosts: frozenset[str] | None):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                return await refusal(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> Response | None:
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.hosts is not None and _host_name(host) not in self.hosts:
+            return error(400, f"Host {host[:80]!r} is not one this server answers ({', '.join(sorted(self.hosts))}); "
+                              "use one of those, or start the server with --allowed-hosts")
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1")
+            netloc = text.split("://", 1)[1] if "://" in text else None
+            if netloc is None or netloc.lower() != host.lower():
+                return error(403, f"cross-origin requests are refused: Origin {text[:80]!r} is not this server's "
+                                  "own; call the API from a server-side client or from this server's pages")
+        if scope["method"] == "POST" and scope["path"].endswith("/infer"):
+            kind = headers.get(b"content-type")
+            media = kind.decode("latin-1").split(";", 1)[0].strip().lower() if kind is not None else None
+            if media is not None and media not in INFER_TYPES:
+                return error(415, f"infer takes Content-Type application/json or application/octet-stream (binary "
+                                  f"tensor data), got {media[:60]!r}")
+        return None
+
+
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
     service = Service(cfg, repository)
@@ -278,6 +343,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     _add_metrics(app, service.registry)
     if cfg.playground:
         add_playground(app)
+    app.add_middleware(Guard, hosts=allowed_hosts(cfg))  # added last: runs first
     return app
 
 
