@@ -108,6 +108,15 @@ HOSTILE_VALUES = [1e300, -1e300, Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), 
                   65536, Raw('"\\ud800"'), "\x00", Raw("-"), Raw("0x10"), Raw("01")]
 
 
+BROWSER_HEADERS = {
+    "Origin": ["null", "http://evil.example", "http://127.0.0.1:{port}", "http://localhost:{port}", "file://",
+               "http://127.0.0.1", "https://127.0.0.1:{port}", "", "http://[::1]:{port}", "://", "x" * 300],
+    "Host": ["evil.example", "127.0.0.1:{port}", "localhost", "[::1]:{port}", "[::1", "", ":", "127.0.0.1:x",
+             "LOCALHOST:{port}", "a" * 300, "127.0.0.1:{port}:1"],
+    "Content-Type": ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                     "multipart/form-data; boundary=x", "application/json", "APPLICATION/JSON; charset=utf-8",
+                     "application/octet-stream", "", ";", "application/json;", "*/*"],
+}
 # Every field of an inference request (REST JSON and the binary extension's JSON header), each sent
 # with every JSON type.
 FIELD_PATHS = [("id",), ("parameters",), ("parameters", "binary_data_output"), ("inputs",), ("inputs", 0),
@@ -940,6 +949,10 @@ def test_fuzz_every_endpoint(fuzz_server):
                                               goods[data.draw(st.sampled_from(served))]]))
         headers = {"Accept-Encoding": data.draw(st.sampled_from(["gzip", "deflate", "identity", "br", "gzip;q=abc",
                                                                  "deflate;q=1e999, gzip;q=0.5", "*", ""]))}
+        for header, values in BROWSER_HEADERS.items():  # what a web page (or DNS rebinding) would send
+            if data.draw(st.integers(0, 3)) == 0:
+                value = data.draw(st.one_of(st.sampled_from(values), st.text(max_size=20)))
+                headers[header] = value.replace("{port}", str(port)).encode("utf-8").decode("latin-1")
         fz.send(f"{method} {template}", method, path, body, headers)
 
     fz.run(endpoints, 16)
