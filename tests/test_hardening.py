@@ -227,3 +227,27 @@ def test_a_web_page_cannot_reach_the_server_by_origin_host_or_a_simple_post():
     assert anywhere.get("/v2/health/live", headers={"Host": "model.ns.svc.cluster.local"}).status_code == 200
     listed = TestClient(_guarded_app(allowed_hosts="api.example.org"), base_url="http://api.example.org")
     assert listed.get("/v2/health/live").status_code == 200
+
+
+def test_no_page_loads_anything_from_outside_the_server():
+    """Finding 6: /docs and /redoc loaded Swagger UI and ReDoc from a CDN at a floating version, with
+    no integrity hash and no CSP, even in production. They are not served (the schema stays at
+    /openapi.json), and every page the server does serve carries the CSP and names no other host."""
+    import re
+
+    from starlette.testclient import TestClient
+
+    for playground in (True, False):
+        client = TestClient(_guarded_app(playground=playground), base_url="http://127.0.0.1:8000")
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            assert client.get(path).status_code == 404, path
+        assert client.get("/openapi.json").json()["paths"]
+    client = TestClient(_guarded_app(playground=True), base_url="http://127.0.0.1:8000")
+    page = client.get("/")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    for asset in assets:
+        assert not re.match(r"(?i)^(https?:)?//", asset), asset
+        if asset.startswith("/"):
+            got = client.get(asset)
+            assert got.status_code == 200 and "default-src 'self'" in got.headers["content-security-policy"], asset
