@@ -333,7 +333,9 @@ class Guard:
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
     service = Service(cfg, repository)
-    app = FastAPI(title="attnzoo inference server", version=__version__,
+    # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN (nothing a served page
+    # loads may come from elsewhere); the schema is at /openapi.json for any viewer.
+    app = FastAPI(title="attnzoo inference server", version=__version__, docs_url=None, redoc_url=None,
                   description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
     app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
     _add_error_handlers(app)
