@@ -251,3 +251,68 @@ def test_no_page_loads_anything_from_outside_the_server():
         if asset.startswith("/"):
             got = client.get(asset)
             assert got.status_code == 200 and "default-src 'self'" in got.headers["content-security-policy"], asset
+
+
+def _version(root, files_sha256: bool, tamper: bool = False):
+    """A published-looking version folder ``root/m/1`` (a graph that is never reached: the check
+    comes first)."""
+    import hashlib
+
+    folder = root / "m" / "1"
+    folder.mkdir(parents=True)
+    (folder / "g.onnx").write_bytes(b"graph")
+    meta = {"graphs": ["g"], "production": True, "serving": {"kind": "graph"}}
+    if files_sha256:
+        meta["files_sha256"] = {"g.onnx": hashlib.sha256(b"graph").hexdigest()}
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    if tamper:
+        (folder / "g.onnx").write_bytes(b"graph, changed")
+    return folder
+
+
+def _loaders(root):
+    """Each way a version gets loaded: the server's repository, LocalClient (attnzoo predict
+    --local), the MLflow pyfunc and the Triton python backend; each returns the error it met."""
+    import sys
+    import types
+
+    from serving.client import LocalClient
+    from serving.repository import Repository
+
+    def server():
+        return " ".join(Repository(root, "cpu").errors.values())
+
+    def local():
+        LocalClient(root).model_metadata("m", 1)
+
+    def pyfunc():
+        pytest.importorskip("mlflow")
+        from serving.pyfunc import PublishedModel
+
+        context = types.SimpleNamespace(model_config={"name": "m", "version": "1"}, artifacts={"repository": str(root)})
+        PublishedModel().load_context(context)
+
+    def triton():
+        stub = types.ModuleType("triton_python_backend_utils")
+        stub.TritonModelException = RuntimeError
+        sys.modules.setdefault("triton_python_backend_utils", stub)
+        from serving.triton_model import TritonPythonModel
+
+        TritonPythonModel().initialize({"model_repository": str(root / "m"), "model_version": "1", "model_name": "m"})
+
+    return {"server": server, "LocalClient": local, "pyfunc": pyfunc, "triton": triton}
+
+
+@pytest.mark.parametrize("case", ["no files_sha256", "a file changed"])
+def test_no_loader_serves_an_unverified_version(tmp_path, case):
+    """Finding 5: a version without files_sha256 was served with a warning (even as the default), and
+    LocalClient, the MLflow pyfunc and the Triton backend loaded versions unchecked. Every loader
+    refuses such a version, and one whose file differs, with one sentence naming the version and
+    what to do (republish)."""
+    _version(tmp_path, files_sha256=case != "no files_sha256", tamper=case == "a file changed")
+    for loader, load in _loaders(tmp_path).items():
+        try:
+            message = load() or ""
+        except Exception as err:  # noqa: BLE001 (each loader has its own error type)
+            message = str(err)
+        assert "m version 1" in message and "republish" in message, (loader, message)
