@@ -177,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu-image", default=f"{IMAGE}-cuda",
                     help="image with requirements-gpu.lock's environment, for GPU pods (default %(default)s)")
     ap.add_argument("--gpus-per-node", type=int, default=0,
-                    help="GPUs per PyTorchJob pod and per GPU Ray worker; 0: CPU training (default %(default)s)")
+                    help="GPUs per PyTorchJob pod (0: CPU training) and per GPU Ray worker (at least 1); "
+                         "default %(default)s")
     ap.add_argument("--cpus-per-node", type=int, default=4, help="CPUs per pod (default %(default)s)")
     ap.add_argument("--memory", default="16Gi", help="memory per pod (default %(default)s)")
     ap.add_argument("--ray-workers", type=int, default=2, help="CPU Ray worker pods (default %(default)s)")
