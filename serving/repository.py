@@ -18,55 +18,18 @@ reachable. Model names and versions are matched against what is on disk, never j
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from serving.base import GraphModel, ServedModel
+from serving.integrity import check_version  # noqa: F401  (load_version runs it; tests import it from here)
 from serving.kinds import load_version
 from serving.protocol import RequestError
 
 log = logging.getLogger("attnzoo.serving")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 VERSION_RE = re.compile(r"^[0-9]{1,9}$")  # ASCII digits only ("²".isdigit() is true, int("²") fails)
-CT2_FILES = ("config.json", "model.bin", "source_vocabulary.json", "target_vocabulary.json")
-FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # one plain path part: never "..", "/" or "~"
-
-
-def check_version(folder: Path) -> None:
-    """Refuse a version whose metadata names a file outside its folder, or whose files differ from
-    what publish recorded (``files_sha256``): a version changed after publishing is not served.
-    Raises ValueError naming the problem."""
-    meta = json.loads((folder / "metadata.json").read_text())
-    serving = meta.get("serving") or {}
-    named = [f"{g}.onnx" if isinstance(g, str) else g for g in meta.get("graphs") or []]
-    named += [serving[k] for k in ("source_tokenizer", "target_tokenizer") if k in serving]
-    engine = (serving.get("ctranslate2") or {}).get("folder")
-    named += [engine] if engine is not None else []
-    for name in named:
-        if not isinstance(name, str) or not FILE_RE.match(name):
-            raise ValueError(f"metadata.json names {str(name)[:80]!r}, which is not a file name in the version")
-    if engine is not None:  # the files CTranslate2 loads from its folder
-        named = [n for n in named if n != engine] + [f"{engine}/{f}" for f in CT2_FILES]
-    recorded = meta.get("files_sha256")
-    if recorded is None:  # published before files were recorded
-        log.warning("%s: no files_sha256 in its metadata (an older publish): its files are not verified", folder)
-        return
-    for rel, digest in recorded.items():
-        parts = PurePosixPath(rel).parts
-        if not parts or any(not FILE_RE.match(p) for p in parts):
-            raise ValueError(f"metadata.json lists {rel[:80]!r}, which is not a path inside the version")
-        path = folder.joinpath(*parts)
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            raise ValueError(f"{rel} is missing or differs from what publish recorded (files_sha256): the "
-                             "version was changed after it was published")
-    unrecorded = sorted(set(named) - set(recorded))
-    if unrecorded:
-        raise ValueError(f"{unrecorded} are not among the files publish recorded (files_sha256)")
-
-
 def default_version(metas: dict[int, dict]) -> tuple[int | None, str]:
     """(the version served without one in the URL, why) from each version's metadata."""
     promoted = [v for v, m in metas.items() if m.get("production")]
@@ -109,7 +72,6 @@ class Repository:
         self.metas.setdefault(model.name, {})[model.version] = meta
 
     def _load(self, name: str, version: int, folder: Path, provider: str, threads: int, wrap, loop_threads) -> None:
-        check_version(folder)
         whole, graphs, meta = load_version(name, version, folder, provider, threads, wrap, loop_threads)
         self.providers.update(g.provider for g in graphs.values())
         if whole is not None:

@@ -63,9 +63,11 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
     make many small calls (ORT's spinning thread pool then only competes with the loop)."""
     from serving.admission import Limits
     from serving.base import GraphModel
+    from serving.integrity import check_version
     from serving.runtime import OrtGraph
 
     folder = Path(folder)
+    check_version(folder)  # every loader: files as publish recorded them, or nothing is loaded
     meta = json.loads((folder / "metadata.json").read_text())
     engine_threads = threads  # an engine of the kind's own (CTranslate2) runs whole searches: not a loop's threads
     if len(meta["graphs"]) > 1 and loop_threads is not None:
