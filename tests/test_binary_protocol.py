@@ -510,8 +510,10 @@ def test_tritonclient_sees_a_clear_error_for_bad_binary_input(triton, server):  
 
 # ---- raw HTTP: framing errors are 400s and the server carries on ---------------------------------
 def _post(server, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Message, bytes]:  # noqa: F811
-    """POST -> (status, response headers (names in any case), body)."""
-    req = urllib.request.Request(server.url + path, data=body, method="POST", headers=headers)
+    """POST -> (status, response headers (names in any case), body); the binary Content-Type unless
+    ``headers`` give one (urllib's default, a form, is refused)."""
+    req = urllib.request.Request(server.url + path, data=body, method="POST",
+                                 headers={"Content-Type": "application/octet-stream", **headers})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.headers, resp.read()
