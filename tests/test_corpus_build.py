@@ -181,3 +181,19 @@ def test_a_version_from_a_file_name_never_leaves_the_cache(tmp_path):
     with pytest.raises(CorpusError, match="is not named as apt names a package"):
         fetch(["coreutils"], cache, progress=False)
     assert (outside / "keep").read_text() == "mine"
+
+
+@pytest.mark.integration
+def test_an_unpacked_tree_changed_in_the_cache_is_unpacked_again(tmp_path):
+    """Finding 4: a tree was reused whenever its marker held the .deb's digest, so a file edited in
+    the tree, or one planted there, was read by the next build. The next fetch finds the change and
+    unpacks the (verified) .deb again: edited file restored, planted file gone."""
+    cache = tmp_path / "cache"
+    _, tree = fetch(["coreutils"], cache, progress=False)["coreutils"]
+    copyright_file = tree / "usr/share/doc/coreutils/copyright"
+    original = copyright_file.read_bytes()
+    copyright_file.write_bytes(original + b"\nplanted\n")
+    (tree / "usr/share/planted.po").write_text("msgid \"x\"\nmsgstr \"y\"\n")
+    _, again = fetch(["coreutils"], cache, progress=False)["coreutils"]
+    assert again == tree and copyright_file.read_bytes() == original
+    assert not (tree / "usr/share/planted.po").exists()

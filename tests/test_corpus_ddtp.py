@@ -186,6 +186,7 @@ def _cache(tmp_path, lists, suites):
     root.mkdir(parents=True)
     lists.rename(root / "lists")
     (root / "sources.list").write_text(ddtp._sources_list(MIRROR, suites))
+    ddtp.record_lists(root, suites)
     return tmp_path / "cache"
 
 
@@ -226,3 +227,27 @@ def test_private_apt_config(tmp_path):
     assert 'Dir::Etc::Parts "/dev/null";' in config and 'Dir::Etc::main "/dev/null";' in config
     assert f'Dir::State::Lists "{tmp_path}/lists";' in config
     assert 'Acquire::Languages { "de"; "en"; };' in config
+
+
+def test_a_cached_index_changed_after_its_download_is_downloaded_again(tmp_path, lists, monkeypatch):
+    """Finding 4: the DDTP lists were reused as they were found. Their digests are recorded when
+    apt-get update has written them; an index edited, or removed and planted, afterwards makes the
+    next download run apt-get update again (repair), and an untouched cache does not."""
+    suites = ["bookworm", "trixie"]
+    cache = _cache(tmp_path, lists, suites)
+    folder = cache / "ddtp" / "lists"
+    calls = []
+
+    def update(root, sources):
+        calls.append(sources)
+        (folder / PREFIX.format("bookworm", "de")).write_text(BOOKWORM_DE)  # what apt-get would restore
+
+    monkeypatch.setattr(ddtp, "_update", update)
+    ddtp.download({"suites": suites}, cache)
+    assert calls == []
+    (folder / PREFIX.format("bookworm", "de")).write_text(BOOKWORM_DE.replace("Foo-Bibliothek", "Planted"))
+    ddtp.download({"suites": suites}, cache)
+    assert len(calls) == 1
+    assert (folder / PREFIX.format("bookworm", "de")).read_text() == BOOKWORM_DE
+    ddtp.download({"suites": suites}, cache)  # repaired and recorded again: no second update
+    assert len(calls) == 1

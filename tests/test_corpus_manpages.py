@@ -221,3 +221,24 @@ def test_roff_text():
     assert [(s.heading, s.paragraphs) for s in page.sections] == [
         ("NAME", ["x - y"]), ("SEE ALSO", ["ls(1), cp(1)"])
     ]
+
+
+def test_so_includes_and_links_cannot_leave_the_package_roots(tmp_path):
+    """Finding 4: the man-page reader followed ``.so ../../…`` (and a linked directory) outside the
+    unpacked packages. A redirection or link that leads outside every root reads nothing; one that
+    stays inside is still followed."""
+    from pipeline.tasks.translation_de_en.corpus.manpages import read_page
+
+    root = tmp_path / "pkg"
+    man = root / "usr/share/man"
+    (tmp_path / "secret.7").write_text(".TH SECRET 7\nnot part of any package\n")
+    _page(man / "man1/up.1.gz", ".so ../../../../secret.7\n")
+    (man / "man5").symlink_to(tmp_path, target_is_directory=True)  # a directory link out of the package
+    _page(man / "man1/via.1.gz", ".so man5/secret.7\n")
+    (man / "man1/abs.1.gz").symlink_to(tmp_path / "secret.7")
+    (man / "man1/rel.1.gz").symlink_to("../../../../../secret.7")
+    for name in ("up", "via", "abs", "rel"):
+        assert read_page(man / f"man1/{name}.1.gz", [root]) is None, name
+    _page(man / "man1/real.1.gz", DEMO_EN)
+    _page(man / "man1/ok.1.gz", ".so man1/real.1\n")
+    assert read_page(man / "man1/ok.1.gz", [root]) == DEMO_EN
