@@ -583,17 +583,26 @@ def read_page(path: Path, roots: list[Path], depth: int = 0) -> str | None:
     if path.is_symlink():
         target = Path(os.path.normpath(path.parent / path.readlink()))
         return _find(target.relative_to(roots[0]) if target.is_relative_to(roots[0]) else target, roots, depth)
-    if not path.is_file():
+    if not path.is_file() or not _inside(path, roots):
         return None
     text = _read(path)
     so = re.fullmatch(r"(?:[.']\\\".*\n|\s*\n)*[.']so\s+(\S+)\s*", text)
     if so:  # the whole page is ".so man8/halt.8": read that one
-        return _find(Path("usr/share/man") / so.group(1), roots, depth)
+        return _find(Path(os.path.normpath(Path("usr/share/man") / so.group(1))), roots, depth)
     return text
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    """Whether ``path``, its links and linked folders resolved, lies in one of ``roots``: a page's
+    ``.so`` or link never reads a file outside the unpacked packages."""
+    real = Path(os.path.realpath(path))
+    return any(real.is_relative_to(os.path.realpath(root)) for root in roots)
 
 
 def _find(relative: Path, roots: list[Path], depth: int) -> str | None:
     relative = relative.relative_to("/") if relative.is_absolute() else relative
+    if relative.parts[:1] == ("..",):  # ".so ../../../x" climbs out of usr/share/man and the package
+        return None
     for root in roots:
         for candidate in (root / relative, root / f"{relative}.gz"):
             if candidate.exists() or candidate.is_symlink():
