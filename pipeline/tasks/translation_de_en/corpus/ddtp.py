@@ -32,6 +32,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
+import json
 import lzma
 import os
 import pwd
@@ -111,24 +112,52 @@ def _sha256(path: Path) -> str:
 
 def download(options: dict, cache: Path) -> Path:
     """The private lists folder holding ``Translation-{de,en}`` of every suite; runs ``apt-get
-    update`` when an index is missing, the sources changed, or ``refresh`` asks for it."""
+    update`` when an index is missing or differs from what the last update recorded (the changed
+    ones are deleted first), the sources changed, or ``refresh`` asks for it."""
     suites = _suites(options)
     mirror = str(options.get("mirror", MIRROR)).rstrip("/")
     root = cache / "ddtp"
     lists = root / "lists"
     sources = _sources_list(mirror, suites)
     sources_file = root / "sources.list"
+    changed = _changed(root, suites)
+    for path in changed:  # changed since apt-get update wrote it: apt must fetch it afresh
+        path.unlink()
     stale = (not sources_file.exists() or sources_file.read_text() != sources
-             or len(index_files(lists, suites)) < len(suites) * len(LANGS))
+             or len(index_files(lists, suites)) < len(suites) * len(LANGS) or bool(changed))
     if stale or (options.get("refresh", False) and str(sources_file) not in _updated):
         _update(root, sources)
         _updated.add(str(sources_file))
+        record_lists(root, suites)
     found = index_files(lists, suites)
     missing = [f"{s}/Translation-{lang}" for s in suites for lang in LANGS if (s, lang) not in found]
     if missing:
         raise CorpusError(f"apt-get update gave no {', '.join(missing)} from {mirror}: check the suite names "
                           f"(`suites` option of the ddtp source) {OFF}")
     return lists
+
+
+RECORD = "lists.sha256.json"  # {index file name: SHA-256} as apt-get update left them
+
+
+def record_lists(root: Path, suites: list[str]) -> None:
+    """Record the digest of every index just downloaded (apt-get update verified them against the
+    suite's signed Release file), so that a later build reads them only as they were then."""
+    found = index_files(root / "lists", suites)
+    (root / RECORD).write_text(json.dumps({p.name: _sha256(p) for p in found.values()}, sort_keys=True))
+
+
+def _changed(root: Path, suites: list[str]) -> list[Path]:
+    """The indexes to be read that :func:`record_lists` did not record with these bytes (all of them
+    when nothing was recorded)."""
+    found = list(index_files(root / "lists", suites).values())
+    try:
+        recorded = json.loads((root / RECORD).read_text())
+    except (OSError, ValueError):
+        return found
+    if not isinstance(recorded, dict):
+        return found
+    return [p for p in found if recorded.get(p.name) != _sha256(p)]
 
 
 def _sources_list(mirror: str, suites: list[str]) -> str:
