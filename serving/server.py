@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, StrictBool, ValidationError
 from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving import __version__
 from serving.admission import (
@@ -84,7 +85,8 @@ class ServeConfig:
     max_step_rows: int = 256  # rows of one shared step call
     max_body_mb: float = 8.0
     body_timeout_s: float = 30.0  # the longest a request body may take to arrive (HTTP 408): slow senders
-    max_connections: int = 1024  # HTTP connections and requests in flight per worker; beyond: 503
+    max_connections: int = 1024  # requests in flight per worker; beyond: 503 (never the health endpoints)
+    header_timeout_s: float = 5.0  # a connection's time to send complete headers (and an idle keep-alive's)
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
     playground: bool = True  # the page at / (a production server behind a gateway turns it off)
     # Host names a request may be addressed to, comma-separated ("*": any). Empty: the bound address
@@ -111,7 +113,9 @@ HELP = {
     "max_step_rows": "rows of one shared step call",
     "max_body_mb": "the largest request body accepted, in MB (larger: 413)",
     "body_timeout_s": "the longest a request body may take to arrive, in seconds (slower: 408)",
-    "max_connections": "HTTP connections and requests in flight per worker (more: 503 at once)",
+    "max_connections": "requests in flight per worker (more: 503 at once; /v2/health/* always answer)",
+    "header_timeout_s": "seconds a connection has to send complete request headers, from its start or from the end "
+                        "of its previous answer (slower or silent: closed)",
     "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
     "playground": "the playground page at /: every served model's input and attention, drawn from this API's answers",
     "allowed_hosts": "Host names requests may use, comma-separated, * for any (empty: the bound address and "
@@ -330,6 +334,74 @@ class Guard:
         return None
 
 
+HEALTH = ("/v2/health/live", "/v2/health/ready")
+
+
+class InFlight:
+    """ASGI middleware: at most ``limit`` requests in flight (--max-connections), one more is 503 with
+    Retry-After at once; the health endpoints are never counted nor refused, so a flood cannot fail
+    a liveness probe. Connections that have not sent a request count for nothing (uvicorn's
+    limit_concurrency counted them): :class:`HeaderDeadline` closes them."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.count = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in HEALTH:
+            return await self.app(scope, receive, send)
+        if self.count >= self.limit:
+            response = error(503, f"the server is busy ({self.limit} requests in flight); retry shortly")
+            response.headers["Retry-After"] = "1"
+            return await response(scope, receive, send)
+        self.count += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.count -= 1
+
+
+class HeaderDeadline(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (httptools) with a deadline on each request's headers: from the
+    connection's start, and from the end of each answer on a kept-alive connection, a client has
+    ``timeout_keep_alive`` seconds (--header-timeout-s) to complete its headers, or the connection
+    is closed. uvicorn's own keep-alive timer stops at the first byte received, so a client that
+    sends nothing after connecting, or one header byte now and then, would hold its socket forever."""
+
+    header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # the next request's headers are in already
+        super().on_response_complete()
+        if not pipelined and not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.header_timer = self.loop.call_later(self.timeout_keep_alive, self._expire)
+
+    def _disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _expire(self) -> None:
+        self.header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
     service = Service(cfg, repository)
@@ -345,6 +417,7 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     _add_metrics(app, service.registry)
     if cfg.playground:
         add_playground(app)
+    app.add_middleware(InFlight, limit=cfg.max_connections)
     app.add_middleware(Guard, hosts=allowed_hosts(cfg))  # added last: runs first
     return app
 
@@ -721,8 +794,10 @@ def main(argv: list[str] | None = None) -> None:
             app = "serving.server:app_from_env"
     except (FileNotFoundError, RuntimeError) as err:
         raise SystemExit(f"error: {err}") from None
+    # No limit_concurrency: it counts idle and half-open connections too (InFlight counts requests);
+    # HeaderDeadline closes connections that do not send their headers in time.
     uvicorn.run(app, host=cfg.host, port=cfg.port, workers=cfg.workers, factory=cfg.workers > 1,
-                limit_concurrency=cfg.max_connections, log_level="info")
+                http=HeaderDeadline, timeout_keep_alive=cfg.header_timeout_s, log_level="info")
 
 
 if __name__ == "__main__":
