@@ -3,6 +3,7 @@ checked against the Open Inference Protocol and against PyTorch on the same inpu
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -513,6 +514,51 @@ BODY = st.one_of(DATA, st.fixed_dictionaries(
         st.fixed_dictionaries({"name": st.sampled_from(["logits", "bits", "attention", "q"])}), max_size=2)),
         "parameters": st.one_of(DATA, st.fixed_dictionaries({"decode": st.sampled_from(["greedy", "beam", 3]),
                                                               "beam": st.integers(-2, 40)}))}))
+
+
+def _small_latencies(url: str, count: int) -> list[float]:
+    body = json.dumps(_x(data=[0.5] * 10)).encode()
+    took = []
+    for _ in range(count):
+        began = time.perf_counter()
+        assert raw(url, "POST", "/v2/models/ntm/infer", body)[0] == 200
+        took.append(time.perf_counter() - began)
+    return sorted(took)
+
+
+def test_many_member_gzip_bodies_are_refused_at_once_and_do_not_slow_others(server):
+    """Finding 1: gzip bodies of many empty members (0.45 MiB: decoded, 1 and 8 MiB: over this
+    server's body limit) are each answered 4xx in well under a second, and a small inference sent
+    meanwhile keeps its p99 within twice its idle figure."""
+    member = gzip.compress(b"", mtime=0)
+    bodies = [member * (int(mib * 2**20) // len(member)) for mib in (0.45, 1, 8)]
+    _small_latencies(server.url, 5)  # warm
+    idle = _small_latencies(server.url, 60)
+    stop, answers = time.monotonic() + 20, []
+
+    def hostile(body: bytes):
+        for _ in range(15):
+            if time.monotonic() > stop:
+                return
+            req = urllib.request.Request(server.url + "/v2/models/ntm/infer", data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            began = time.perf_counter()
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                answers.append((200, time.perf_counter() - began))
+            except urllib.error.HTTPError as err:
+                answers.append((err.code, time.perf_counter() - began))
+
+    with ThreadPoolExecutor(3) as pool:
+        jobs = [pool.submit(hostile, b) for b in bodies]
+        loaded = _small_latencies(server.url, 60)
+        [job.result() for job in jobs]
+    p99 = {"idle": idle[int(0.99 * len(idle))], "loaded": loaded[int(0.99 * len(loaded))]}
+    print(f"small inference p99: idle {p99['idle'] * 1000:.1f} ms, with many-member gzip bodies arriving "
+          f"{p99['loaded'] * 1000:.1f} ms; hostile answers {sorted({s for s, _ in answers})}, "
+          f"slowest {max(t for _, t in answers) * 1000:.0f} ms")
+    assert answers and all(400 <= s < 500 for s, _ in answers) and max(t for _, t in answers) < 1.0, answers
+    assert p99["loaded"] <= 2 * p99["idle"], p99
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

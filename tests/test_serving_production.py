@@ -346,7 +346,8 @@ def test_a_full_admission_queue_answers_503_with_retry_after(repo):
     srv = start_server(repo, "--running", "1", "--max-queue", "1")
     try:
         def call(_):
-            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=_x(1500, n=2), method="POST")
+            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=_x(1500, n=2), method="POST",
+                                         headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:
                     return resp.status, None
@@ -394,7 +395,8 @@ def test_64_of_the_largest_allowed_answers_at_once_fit_the_pod(published):
         before = _vm(srv.proc.pid, "VmRSS")
 
         def call(_):
-            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=body, method="POST")
+            req = urllib.request.Request(srv.url + "/v2/models/ntm/infer", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as resp:
                 return resp.status, len(resp.read())
 
