@@ -6,13 +6,16 @@ steps are skipped for what the cache already holds, so a second build downloads 
 versions found are returned for the manifest: the same versions give the same corpus.
 
 The cache is not trusted: every cached ``.deb`` is checked against the SHA-256 that apt's package
-index (root's, under /var/lib/apt/lists) records for its version before it is used, and names and
-versions taken from file names must be Debian's, so none can reach a path outside the cache.
+index (root's, under /var/lib/apt/lists) records for its version before it is used, an unpacked
+tree is reused only while its digest is the one recorded when it was unpacked (else it is unpacked
+again), and names and versions taken from file names must be Debian's, so none can reach a path
+outside the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -124,19 +127,52 @@ def fetch(names: list[str], cache: Path, hint: str = "turn its source off in par
         version = _version(deb)
         digest = _verified(name, deb, indexed)
         tree = trees_dir / f"{name}_{version}"
-        marker = tree / ".unpacked"  # the SHA-256 of the .deb it was unpacked from
-        if not marker.exists() or marker.read_text() != digest:
-            shutil.rmtree(tree, ignore_errors=True)
-            tmp = scratch_beside(tree)
-            got = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
-            if got.returncode != 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise CorpusError(f"{deb.name} could not be unpacked ({got.stderr.strip()[-200:]}): delete it "
-                                  "from the cache and build again")
-            (tmp / ".unpacked").write_text(digest)
-            tmp.rename(tree)
+        if not _unpacked_from(tree, digest):  # never unpacked, from another .deb, or changed since
+            _unpack(deb, digest, tree)
         out[name] = (version, tree)
     return out
+
+
+MARKER = ".unpacked"  # {"deb": SHA-256 of the .deb unpacked, "tree": tree_digest of what it gave}
+
+
+def tree_digest(tree: Path) -> str:
+    """SHA-256 over every path in ``tree`` (but the marker) with its kind and its bytes or link
+    target: a file edited, added, removed or relinked changes it."""
+    h = hashlib.sha256()
+    for path in sorted(tree.rglob("*")):
+        rel = path.relative_to(tree).as_posix()
+        if rel == MARKER:
+            continue
+        if path.is_symlink():
+            h.update(f"L {rel}\0{os.readlink(path)}\0".encode())
+        elif path.is_file():
+            with open(path, "rb") as f:
+                h.update(f"F {rel}\0{hashlib.file_digest(f, 'sha256').hexdigest()}\0".encode())
+        else:
+            h.update(f"D {rel}\0".encode())
+    return h.hexdigest()
+
+
+def _unpacked_from(tree: Path, digest: str) -> bool:
+    """Whether ``tree`` is what the .deb of SHA-256 ``digest`` unpacked to, unchanged since."""
+    try:
+        marker = json.loads((tree / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("deb") == digest and marker.get("tree") == tree_digest(tree)
+
+
+def _unpack(deb: Path, digest: str, tree: Path) -> None:
+    shutil.rmtree(tree, ignore_errors=True)
+    tmp = scratch_beside(tree)
+    got = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+    if got.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CorpusError(f"{deb.name} could not be unpacked ({got.stderr.strip()[-200:]}): delete it "
+                          "from the cache and build again")
+    (tmp / MARKER).write_text(json.dumps({"deb": digest, "tree": tree_digest(tmp)}))
+    tmp.rename(tree)
 
 
 def download_bytes(cache: Path, names: list[str]) -> int:
