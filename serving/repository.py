@@ -22,8 +22,7 @@ import logging
 import re
 from pathlib import Path
 
-from serving.base import GraphModel, ServedModel
-from serving.integrity import check_version  # noqa: F401  (load_version runs it; tests import it from here)
+from serving.base import GraphModel, ServedModel, check_version  # noqa: F401  (load_version runs it)
 from serving.kinds import load_version
 from serving.protocol import RequestError
 
