@@ -40,31 +40,41 @@ def load(name: str) -> dict:
 
 
 def apply(params: dict, profile: dict, keep: list[str] | None = None) -> dict:
-    """``params`` (params.yaml, parsed) with the profile's tasks, tune budget, entries and sizes.
+    """``params`` (params.yaml, parsed) with the profile's tasks, tune budget, entries and sizes, and its
+    per-entry blocks (``models.<name>.train`` ...: merged into the entry's own).
 
-    ``keep`` narrows the profile's entries (tests run a few); tasks no kept entry uses are dropped.
+    ``keep`` narrows the profile's entries (tests run a few; default: the profile's ``keep``, else every
+    entry); tasks no kept entry uses are dropped.
     """
     params = copy.deepcopy(params)
-    keep = list(profile["keep"] if keep is None else keep)
-    for task, sizes in profile["tasks"].items():
+    keep = list(profile.get("keep") or params["models"]) if keep is None else list(keep)
+    for task, sizes in (profile.get("tasks") or {}).items():
         params["tasks"][task].update(sizes)
-    params["tune"].update(profile["tune"])
+    params["tune"].update(profile.get("tune") or {})
     params["models"] = {name: params["models"][name] for name in keep}
     used = {entry["task"] for entry in params["models"].values()}
     params["tasks"] = {task: spec for task, spec in params["tasks"].items() if task in used}
     for name, entry in params["models"].items():
-        if name not in profile["tuned"]:
-            entry["search_space"] = {}
-        tiny = {k: v for k, v in profile["archs"][entry["arch"]].items() if k not in profile["data_keys"]}
-        model = {k: v for k, v in {**entry.get("model", {}), **tiny}.items()
-                 if k not in profile["data_keys"] and k not in profile["drop_model_keys"]}
-        entry["model"] = model
-        # An entry's own tune budget would override the profile's; the key stays (empty) because
-        # tune@ lists models.<name>.tune among its params and DVC needs it present.
-        entry["tune"] = {}
-        entry["train"] = {**entry.get("train", {}), **profile["train"]}
-        entry["evaluate"] = {**entry.get("evaluate", {}), **profile["evaluate"]}
+        if "archs" in profile:
+            _shrink(name, entry, profile)
+        for block, values in ((profile.get("models") or {}).get(name) or {}).items():
+            entry[block] = {**(entry.get(block) or {}), **values}
     return params
+
+
+def _shrink(name: str, entry: dict, profile: dict) -> None:
+    """A profile of tiny sizes (smoke): the entry's model at its architecture's size, its budgets the profile's."""
+    if name not in profile["tuned"]:
+        entry["search_space"] = {}
+    tiny = {k: v for k, v in profile["archs"][entry["arch"]].items() if k not in profile["data_keys"]}
+    model = {k: v for k, v in {**entry.get("model", {}), **tiny}.items()
+             if k not in profile["data_keys"] and k not in profile["drop_model_keys"]}
+    entry["model"] = model
+    # An entry's own tune budget would override the profile's; the key stays (empty) because
+    # tune@ lists models.<name>.tune among its params and DVC needs it present.
+    entry["tune"] = {}
+    entry["train"] = {**entry.get("train", {}), **profile["train"]}
+    entry["evaluate"] = {**entry.get("evaluate", {}), **profile["evaluate"]}
 
 
 def default_workdir(name: str) -> Path:

@@ -95,3 +95,23 @@ def test_compile_names_a_method_of_the_model(root):
     with pytest.raises(UserError, match="train.compile is 'forwardd', which this model does not have"):
         train(run, root / "bad", progress=False)
 
+
+
+def test_the_fast_profile_changes_only_the_train_blocks_it_names():
+    import dataclasses
+
+    from pipeline import profiles
+    from pipeline.config import TrainConfig, load_params
+
+    params = load_params()
+    fast = profiles.load("fast")
+    applied = profiles.apply(params, fast)
+    assert list(applied["models"]) == list(params["models"])  # every entry, as params.yaml has them
+    for name, entry in applied["models"].items():
+        settings = (fast.get("models") or {}).get(name, {}).get("train", {})
+        assert entry["train"] == {**params["models"][name].get("train", {}), **settings}, name
+        assert {k: v for k, v in entry.items() if k != "train"} == \
+            {k: v for k, v in params["models"][name].items() if k != "train"}, name
+        TrainConfig(**{**params["train"], **entry["train"]})  # every key one the loop knows
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {k for e in (fast.get("models") or {}).values() for k in e["train"]} <= fields

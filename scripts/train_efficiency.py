@@ -1,0 +1,387 @@
+"""Where each entry's training step goes, and how much faster the opt-in speed settings make it.
+
+For every params.yaml entry, at its committed sizes and training recipe (``runs/<name>/tuned.yaml``
+included), the real training step of ``pipeline.training.loop`` (forward, backward, gradient clipping,
+AdamW, the schedule) is timed on the entry's own batches, in a fresh process per measurement:
+
+- ``gflop_per_step``: forward + backward FLOPs of one step (``torch.utils.flop_counter``; the optimizer's
+  elementwise work is not counted), the median over the measured batches;
+- ``steps_per_s`` on 1 and on 2 threads, and the achieved GFLOP/s as a share of this machine's measured
+  matrix-multiply peak (``scripts/bench_peak.py``) in the precision the entry trains in;
+- ``outside_ops``: the share of a step's wall time spent outside PyTorch operators (Python, the autograd
+  engine's bookkeeping, the optimizer's loop), from ``torch.profiler`` over a few steps: 1 minus the summed
+  self time of every ``aten::`` operator, divided by the profiled wall time;
+- the same step with the entry's settings of ``profiles/fast.yaml`` (bf16 autocast, ``torch.compile``,
+  token batches ...): ``steps``, ``steps_per_s`` and ``compile_s`` (the warm-up's time beyond its steps'
+  steady cost), measured alternately with the baseline (``--repeats``, medians).
+
+The data is the entry's task prepared small (2,000 training items, seeded as in params.yaml) under
+``--work``; the translation corpus, built from Debian packages by ``prepare@translation_de_en``, is stood in for
+by seeded token ids whose length distribution gives the committed corpus's token batches per pass (2,197 of
+2,048 tokens for 205,412 pairs). Writes ``docs/train_efficiency.json``; ``scripts/results_table.py``-style
+rendering into docs/benchmarks.md is ``--table``.
+
+    python scripts/bench_peak.py --out docs/peak.json
+    python scripts/train_efficiency.py --out docs/train_efficiency.json          # every entry, ~40 min on 2 cores
+    python scripts/train_efficiency.py --entries transformer ntm --repeats 1    # a few
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# Small splits: step time depends on the items' sizes, not on how many there are.
+SMALL = {"train_size": 2000, "val_size": 64, "test_size": 8, "test_long_size": 8, "val_words": 200, "test_words": 200}
+CORPUS_PAIRS, CORPUS_TOKEN_BATCHES = 205_412, 2_197  # the committed corpus: pairs, 2,048-token batches a pass
+SECONDS = 6.0  # timed seconds a measurement aims at (the step count is fixed per entry from the committed runs)
+
+
+# ---- the data ---------------------------------------------------------------------------------------
+def synthetic_translation(out: Path, vocab: int, n: int = 6000, seed: int = 0) -> None:
+    """Token ids standing in for the corpus: target lengths log-normal around a median of 16 pieces
+    (3-80), sources 1.1x as long, so 2,048-token batches cut it like the corpus (items per batch)."""
+    import numpy as np
+    import torch
+
+    from pipeline.tasks.translation_de_en import EOS, _pack
+
+    g = np.random.default_rng(seed)
+    tgt_len = np.clip(np.round(np.exp(g.normal(np.log(16), 0.55, n))), 3, 80).astype(int)
+    src_len = np.clip(np.round(tgt_len * np.exp(g.normal(np.log(1.1), 0.2, n))), 3, 90).astype(int)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", range(n)), ("val", range(min(256, n)))):
+        src = [list(g.integers(4, vocab, src_len[i] - 1)) + [EOS] for i in rows]
+        tgt = [list(g.integers(4, vocab, tgt_len[i])) for i in rows]
+        blank = [""] * len(src)
+        torch.save({"src": _pack(src), "tgt": _pack(tgt), "src_text": blank, "tgt_text": blank, "source": blank,
+                    "doc": blank, "licence": blank}, out / f"{split}.pt")
+    manifest = {"task": "translation_de_en", "synthetic": True, "files": {},
+                "model_defaults": {"src_vocab": vocab, "tgt_vocab": vocab, "pad_id": 0, "bos_id": 1, "eos_id": 2,
+                                   "max_len": 100}}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def make_work(work: Path, entries: list[str]) -> Path:
+    """A repository root under ``work``: params.yaml (the entries as committed), their tuned values, each
+    task's data prepared small (once)."""
+    from pipeline.config import load_params
+    from pipeline.stages.prepare import prepare
+
+    params = load_params(ROOT)
+    for task in sorted({params["models"][e]["task"] for e in entries}):
+        data = work / "data" / "prepared" / task
+        if (data / "manifest.json").exists():
+            continue
+        print(f"preparing {task} (small) under {data}", file=sys.stderr, flush=True)
+        if task == "translation_de_en":
+            synthetic_translation(data, params["tasks"][task]["vocab_size"])
+            continue
+        spec = params["tasks"][task]
+        prepare(task, {**spec, **{k: v for k, v in SMALL.items() if k in spec}}, data)
+    for name in entries:
+        tuned = ROOT / "runs" / name / "tuned.yaml"
+        if tuned.exists():
+            (work / "runs" / name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(tuned, work / "runs" / name / "tuned.yaml")
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return work
+
+
+def fast_settings(name: str) -> dict:
+    """The entry's train overrides in profiles/fast.yaml, or the profile in $FAST_PROFILE ({} where it has none)."""
+    profile = yaml.safe_load(Path(os.environ.get("FAST_PROFILE", ROOT / "profiles" / "fast.yaml")).read_text())
+    return dict((profile.get("models") or {}).get(name, {}).get("train", {}))
+
+
+def step_count(name: str) -> int:
+    """Timed steps for ``name``: about SECONDS of its committed step time (5-400), the same for every variant."""
+    summary = ROOT / "runs" / name / "train_summary.json"
+    s = json.loads(summary.read_text()) if summary.exists() else {"train_seconds": 1.0, "steps": 10}
+    return max(5, min(400, round(SECONDS * s["steps"] / max(s["train_seconds"], 1e-3))))
+
+
+# ---- one measurement, in its own process ------------------------------------------------------------
+def _trainer(work: Path, name: str, overrides: dict, out: Path):
+    """The real training loop's ``_Trainer`` for ``name`` (what ``train()`` builds), MLflow off."""
+    from accelerate.utils import set_seed
+
+    from pipeline.config import resolve
+    from pipeline.tasks import get_task
+    from pipeline.training.loop import _load_data, _Trainer
+    from pipeline.training.precision import make_accelerator
+
+    run = resolve(name, root=work, overrides=overrides)
+    accelerator, precision = make_accelerator(run)
+    set_seed(run.train.seed)
+    trainer = _Trainer(run, accelerator, _load_data(run, get_task(run.task), accelerator), out)
+    return trainer, precision
+
+
+def _batches(trainer, count: int) -> list:
+    """The first ``count`` training batches of the run's schedule (epochs after the first as needed)."""
+    out, epoch = [], 0
+    while len(out) < count:
+        out += list(trainer._epoch(epoch, 0))[: count - len(out)]
+        epoch += 1
+    return out
+
+
+def _flops(trainer, batches: list) -> float:
+    """Median forward + backward GFLOP of a step over ``batches`` (no optimizer step: weights unchanged)."""
+    from accelerate.utils import send_to_device
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = []
+    for batch in batches:
+        with FlopCounterMode(display=False) as counter:
+            with trainer.acc.autocast():
+                loss, _ = trainer.wrapped(send_to_device(batch, trainer.acc.device))
+            loss.backward()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        counts.append(counter.get_total_flops() / 1e9)
+    return statistics.median(counts)
+
+
+def _outside_ops(trainer, batches: list) -> float:
+    """Share of the profiled steps' wall time outside ``aten::`` operators' self time."""
+    from torch.profiler import ProfilerActivity, profile
+    from tqdm import tqdm
+
+    bar = tqdm(disable=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        for batch in batches:
+            trainer._step(batch, None, bar)
+        wall = time.perf_counter() - started
+    inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6
+    return max(0.0, 1 - inside / wall)
+
+
+def measure_child(work: Path, name: str, variant: str, steps: int, extras: bool) -> dict:
+    """Time ``steps`` real training steps of ``name`` (``variant``: baseline or fast) after a warm-up."""
+
+    import torch
+    from tqdm import tqdm
+
+    overrides = fast_settings(name) if variant == "fast" else {}
+    with tempfile.TemporaryDirectory(dir=work) as out:
+        trainer, precision = _trainer(work, name, overrides, Path(out))
+        warm = max(3, min(20, steps // 5))
+        batches = _batches(trainer, warm + steps)
+        bar, losses = tqdm(disable=True), []
+        started = time.perf_counter()
+        for batch in batches[:warm]:  # oneDNN primitives, allocator, compilation
+            losses.append(trainer._step(batch, None, bar)[0])
+        warm_s = time.perf_counter() - started
+        started, cpu = time.perf_counter(), time.process_time()
+        for batch in batches[warm:]:
+            losses.append(trainer._step(batch, None, bar)[0])  # kept as tensors: no extra sync in the timing
+        step_s = (time.perf_counter() - started) / steps
+        # CPU seconds a step: on one thread, the wall time a step would take on a core of its own
+        cpu_step_s = (time.process_time() - cpu) / steps
+        result = {"steps_per_s": 1 / step_s, "cpu_steps_per_s": 1 / cpu_step_s,
+                  "compile_s": max(0.0, warm_s - warm * step_s), "precision": precision,
+                  "threads": torch.get_num_threads(), "steps_per_epoch": trainer.data.steps_per_epoch,
+                  "total_steps": trainer.data.total, "settings": overrides,
+                  "losses": [float(v) for v in losses]}
+        if extras:  # after the timing: neither the counter nor the profiler slows the timed steps
+            result["gflop_per_step"] = _flops(trainer, batches[warm : warm + 5])
+            result["outside_ops"] = _outside_ops(trainer, batches[warm : warm + max(3, min(20, steps // 4))])
+    return result
+
+
+def measure(work: Path, name: str, variant: str, threads: int, steps: int, extras: bool) -> dict:
+    """One measurement in a fresh process with ``threads`` threads (nothing inherited from another)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+           **{v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, variant, str(steps), str(int(extras)),
+           "--work", str(work)]
+
+    with tempfile.TemporaryDirectory(dir=work) as cache:  # compile from cold, as a user's first run does
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} ({variant}, {threads} thread(s)) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- the table in docs/benchmarks.md ----------------------------------------------------------------
+START, END = "<!-- train_efficiency: start -->", "<!-- train_efficiency: end -->"
+JSON_OUT = ROOT / "docs" / "train_efficiency.json"
+
+
+def _settings(settings: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in settings.items()) or "—"
+
+
+def rendered(path: Path = JSON_OUT) -> str:
+    """The "Training efficiency" block of docs/benchmarks.md for the figures in ``path``, measuring nothing."""
+    kept = json.loads(path.read_text())
+    cpu, peak, proj = kept["cpu"], kept["peak"], kept["projected"]
+    lines = [START, "", f"`{kept['command']}` on an {cpu['model_name']} (family {cpu['family']}, model "
+             f"{cpu['model']}; {', '.join(cpu['flags'])}), PyTorch {kept['torch']}. "
+             "Peak (`python scripts/bench_peak.py`, "
+             f"GEMMs of 2048²): fp32 {peak['fp32']['1']['gflops']:,.0f} / {peak['fp32']['2']['gflops']:,.0f} GFLOP/s, "
+             f"bf16 {peak['bf16']['1']['gflops']:,.0f} / {peak['bf16']['2']['gflops']:,.0f} on 1 / 2 threads. "
+             "GFLOP a step: forward + backward; % of peak in the precision the entry trains in; outside ops: the "
+             "share of a step outside PyTorch operators; steps/s on 1 thread (the zoo's placement: two stages "
+             "at once, a core each), median of alternate runs; *fast*: the entry's `profiles/fast.yaml` settings, "
+             "compile seconds added once. Projected time: steps ÷ steps/s (+ compile).", "",
+             "| entry | GFLOP/step | steps/s 1 thr | % peak | outside ops | steps/s 2 thr | % peak | fast settings "
+             "| fast steps/s | compile s | projected ×|",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|"]
+    for name, e in kept["entries"].items():
+        lines.append(f"| {name} | {e['gflop_per_step']:.2f} | {e['baseline_steps_per_s']:.2f} | {e['pct_of_peak']:.1f} "
+                     f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
+                     f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
+                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} |")
+    lines += ["", f"Projected training time of these entries: {proj['baseline_s']:,} s today, "
+              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.", "", END]
+    return "\n".join(lines)
+
+
+def with_table(text: str, table: str) -> str:
+    """``text`` (docs/benchmarks.md) with its generated block replaced by ``table``."""
+    import re
+
+    return re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: table, text, flags=re.S)
+
+
+# ---- the zoo ----------------------------------------------------------------------------------------
+def committed_steps(name: str) -> int:
+    return json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
+
+
+def fast_steps(name: str, settings: dict) -> int:
+    """The fast recipe's step count: its ``max_steps``, or where ``patience`` stops the committed run's own
+    validation curve (runs/<name>/learning_curves/val_loss.csv: the same curve when nothing else changed),
+    else the committed count."""
+    import csv
+
+    if settings.get("max_steps"):
+        return int(settings["max_steps"])
+    if not settings.get("patience"):
+        return committed_steps(name)
+    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
+        curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+    best, best_at = float("inf"), 0
+    for i, (step, loss) in enumerate(curve):
+        if loss < best:
+            best, best_at = loss, i
+        if i - best_at >= settings["patience"]:
+            return step
+    return committed_steps(name)
+
+
+def entry_figures(work: Path, name: str, repeats: int, peak: dict) -> dict:
+    """Baseline and fast, alternately ``repeats`` times on 1 thread; the baseline once more on 2 threads."""
+    steps = step_count(name)
+    runs: dict[str, list[dict]] = {"baseline": [], "fast": []}
+    for r in range(repeats):
+        for variant in ("baseline", "fast"):
+            runs[variant].append(measure(work, name, variant, 1, steps, extras=(r == 0 and variant == "baseline")))
+    two = measure(work, name, "baseline", 2, steps, extras=True)
+    base, fast = runs["baseline"][0], runs["fast"][0]
+    sps = {v: statistics.median(m["steps_per_s"] for m in ms) for v, ms in runs.items()}
+    settings = fast["settings"]
+    gflop = base["gflop_per_step"]
+    limit = peak["peak"][base["precision"]]
+    out = {"baseline_steps": committed_steps(name), "baseline_steps_per_s": round(sps["baseline"], 3),
+           "baseline_steps_per_s_2_threads": round(two["steps_per_s"], 3),
+           "steps": fast_steps(name, settings), "steps_per_s": round(sps["fast"], 3),
+           "compile_s": round(statistics.median(m["compile_s"] for m in runs["fast"]), 1),
+           "gflop_per_step": round(gflop, 3), "precision": base["precision"], "fast_precision": fast["precision"],
+           "peak_gflops": limit["1"]["gflops"], "peak_gflops_2_threads": limit["2"]["gflops"],
+           "pct_of_peak": round(100 * gflop * sps["baseline"] / limit["1"]["gflops"], 1),
+           "pct_of_peak_2_threads": round(100 * gflop * two["steps_per_s"] / limit["2"]["gflops"], 1),
+           "fast_pct_of_peak": round(100 * gflop * sps["fast"] / peak["peak"][fast["precision"]]["1"]["gflops"], 1),
+           "outside_ops": round(base["outside_ops"], 3), "outside_ops_2_threads": round(two["outside_ops"], 3),
+           "timed_steps": steps, "repeats": repeats, "fast_settings": settings,
+           "steps_per_s_each": {v: [round(m["steps_per_s"], 3) for m in ms] for v, ms in runs.items()},
+           "learns_the_same": learns_the_same(base["losses"], fast["losses"])}
+    out["ratio"] = round((out["baseline_steps"] / out["baseline_steps_per_s"])
+                         / (out["steps"] / out["steps_per_s"] + out["compile_s"]), 2)
+    return out
+
+
+def learns_the_same(base: list[float], fast: list[float]) -> dict:
+    """The two runs' training losses on the same batches from the same initial weights, step by step: the
+    largest relative difference, and the mean loss of each over the last quarter of the steps."""
+    n = min(len(base), len(fast))
+    tail = slice(n - max(1, n // 4), n)
+    worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(base[:n], fast[:n]))
+    return {"steps": n, "max_rel_diff": round(worst, 5),
+            "last_quarter_mean": [round(statistics.fmean(base[tail]), 5), round(statistics.fmean(fast[tail]), 5)]}
+
+
+def projected(entries: dict) -> dict:
+    """Σ baseline time / Σ fast time (compile included) over the measured entries, in seconds."""
+    base = sum(e["baseline_steps"] / e["baseline_steps_per_s"] for e in entries.values())
+    fast = sum(e["steps"] / e["steps_per_s"] + e["compile_s"] for e in entries.values())
+    return {"baseline_s": round(base), "fast_s": round(fast), "ratio": round(base / fast, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", nargs="+", help="params.yaml entries (default: all)")
+    ap.add_argument("--repeats", type=int, default=2, help="alternate baseline/fast runs on 1 thread (medians)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-train-efficiency"))
+    ap.add_argument("--peak", type=Path, default=ROOT / "docs" / "peak.json", help="scripts/bench_peak.py's output")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "train_efficiency.json")
+    ap.add_argument("--profile", type=Path, help="another profile to measure than profiles/fast.yaml")
+    ap.add_argument("--render-docs", action="store_true", help="only rewrite docs/benchmarks.md's block from --out")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        name, variant, steps, extras = args.child
+        print(json.dumps(measure_child(args.work, name, variant, int(steps), extras == "1")))
+        return 0
+    if args.render_docs:
+        doc = ROOT / "docs" / "benchmarks.md"
+        doc.write_text(with_table(doc.read_text(), rendered(args.out)))
+        return 0
+    from pipeline.config import load_params
+
+    if args.profile:
+        os.environ["FAST_PROFILE"] = str(args.profile.resolve())  # the children read it
+    if not args.peak.exists():
+        raise SystemExit(f"no peak figures at {args.peak}; run: python scripts/bench_peak.py --out {args.peak}")
+    peak = json.loads(args.peak.read_text())
+    names = args.entries or list(load_params(ROOT)["models"])
+    args.work.mkdir(parents=True, exist_ok=True)
+    make_work(args.work, names)
+    old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
+    entries = {}
+    for name in names:
+        entries[name] = entry_figures(args.work, name, args.repeats, peak)
+        e = entries[name]
+        print(f"{name}: {e['gflop_per_step']:.2f} GFLOP/step, {e['baseline_steps_per_s']:.2f} -> "
+              f"{e['steps_per_s']:.2f} "
+              f"steps/s ({e['pct_of_peak']}% of peak, outside ops {e['outside_ops']:.0%}); ratio {e['ratio']}x",
+              flush=True)
+    entries = {**old, **entries} if args.entries else entries
+    command = "python scripts/train_efficiency.py" + (f" --entries {' '.join(names)}" if args.entries else "")
+    result = {"command": command,
+              "cpu": peak["cpu"], "torch": peak["torch"], "peak": peak["peak"], "entries": entries,
+              "projected": projected(entries)}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"projected zoo training time: {result['projected']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
