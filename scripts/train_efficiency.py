@@ -205,11 +205,13 @@ def measure_child(work: Path, name: str, variant: str, steps: int, extras: bool)
 
 
 def measure(work: Path, name: str, variant: str, threads: int, steps: int, extras: bool) -> dict:
-    """One measurement in a fresh process with ``threads`` threads (nothing inherited from another)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+    """One measurement in a fresh process with ``threads`` threads (nothing inherited from another). The
+    baseline runs the code of $BASELINE_CODE (another checkout: today's code before a change) when set."""
+    code = os.environ.get("BASELINE_CODE", "") if variant == "baseline" else ""
+    env = {**os.environ, "PYTHONPATH": code or str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
            **{v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, variant, str(steps), str(int(extras)),
-           "--work", str(work)]
+           "--work", str(work), *(["--code", code] if code else [])]
 
     with tempfile.TemporaryDirectory(dir=work) as cache:  # compile from cold, as a user's first run does
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
@@ -335,6 +337,11 @@ def projected(entries: dict) -> dict:
     return {"baseline_s": round(base), "fast_s": round(fast), "ratio": round(base / fast, 2)}
 
 
+def _commit(checkout: Path) -> str:
+    out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--entries", nargs="+", help="params.yaml entries (default: all)")
@@ -344,9 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "train_efficiency.json")
     ap.add_argument("--profile", type=Path, help="another profile to measure than profiles/fast.yaml")
     ap.add_argument("--render-docs", action="store_true", help="only rewrite docs/benchmarks.md's block from --out")
+    ap.add_argument("--baseline-code", type=Path,
+                    help="a checkout whose code runs the baseline (git worktree add DIR COMMIT); default: this one")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--code", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
+        if args.code:  # the baseline's checkout, ahead of this one
+            sys.path.insert(0, args.code)
         name, variant, steps, extras = args.child
         print(json.dumps(measure_child(args.work, name, variant, int(steps), extras == "1")))
         return 0
@@ -358,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.profile:
         os.environ["FAST_PROFILE"] = str(args.profile.resolve())  # the children read it
+    if args.baseline_code:
+        os.environ["BASELINE_CODE"] = str(args.baseline_code.resolve())
     if not args.peak.exists():
         raise SystemExit(f"no peak figures at {args.peak}; run: python scripts/bench_peak.py --out {args.peak}")
     peak = json.loads(args.peak.read_text())
@@ -374,8 +388,9 @@ def main(argv: list[str] | None = None) -> int:
               f"steps/s ({e['pct_of_peak']}% of peak, outside ops {e['outside_ops']:.0%}); ratio {e['ratio']}x",
               flush=True)
     entries = {**old, **entries} if args.entries else entries
-    command = "python scripts/train_efficiency.py" + (f" --entries {' '.join(names)}" if args.entries else "")
-    result = {"command": command,
+    command = "python scripts/train_efficiency.py" + (f" --entries {' '.join(names)}" if args.entries else "") \
+        + (" --baseline-code BASE" if args.baseline_code else "")
+    result = {"command": command, "baseline_code": _commit(args.baseline_code or ROOT),
               "cpu": peak["cpu"], "torch": peak["torch"], "peak": peak["peak"], "entries": entries,
               "projected": projected(entries)}
     args.out.write_text(json.dumps(result, indent=2) + "\n")

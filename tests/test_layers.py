@@ -182,3 +182,16 @@ def test_multi_head_attention_weights_path_equals_fused_path():
     assert float(weights[1, :, :, 4].abs().max()) == 0.0
     # The first position attends only to itself: its output is W_o v_0.
     assert_close(explicit[:, 0], mha.out(v[:, :, 0].reshape(2, -1)))  # [B,H,K] -> [B,D], heads in order
+
+
+def test_token_accuracy_counts_the_first_of_tied_maxima_as_argmax_does():
+    from models.layers import token_loss
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randint(-2, 3, (4, 7, 11), generator=g).to(dtype)  # small integers: ties everywhere
+        target = torch.randint(0, 11, (4, 7), generator=g)
+        target[0, 5:] = 0  # padding
+        real = target != 0
+        expected = ((logits.argmax(-1) == target) & real).sum() / real.sum()
+        assert token_loss(logits, target, 0, 0.0)[1] == expected
