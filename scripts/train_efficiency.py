@@ -241,7 +241,9 @@ def rendered(path: Path = JSON_OUT) -> str:
              f"bf16 {peak['bf16']['1']['gflops']:,.0f} / {peak['bf16']['2']['gflops']:,.0f} on 1 / 2 threads. "
              "GFLOP a step: forward + backward; % of peak in the precision the entry trains in; outside ops: the "
              "share of a step outside PyTorch operators; steps/s on 1 thread (the zoo's placement: two stages "
-             "at once, a core each), median of alternate runs; *fast*: the entry's `profiles/fast.yaml` settings, "
+             "at once, a core each), median of alternate runs; *fast*: the entry's `profiles/fast.yaml` settings "
+             f"on this tree's code, against the baseline on the code of commit {kept['baseline_code']} (BASE: its "
+             "`git worktree`), "
              "compile seconds added once. Projected time: steps ÷ steps/s (+ compile).", "",
              "| entry | GFLOP/step | steps/s 1 thr | % peak | outside ops | steps/s 2 thr | % peak | fast settings "
              "| fast steps/s | compile s | projected ×|",
@@ -251,7 +253,8 @@ def rendered(path: Path = JSON_OUT) -> str:
                      f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
                      f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
                      f"| {e['compile_s']:.0f} | {e['ratio']:.2f} |")
-    lines += ["", f"Projected training time of these entries: {proj['baseline_s']:,} s today, "
+    again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
+    lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
               f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.", "", END]
     return "\n".join(lines)
 
@@ -388,9 +391,11 @@ def main(argv: list[str] | None = None) -> int:
               f"steps/s ({e['pct_of_peak']}% of peak, outside ops {e['outside_ops']:.0%}); ratio {e['ratio']}x",
               flush=True)
     entries = {**old, **entries} if args.entries else entries
-    command = "python scripts/train_efficiency.py" + (f" --entries {' '.join(names)}" if args.entries else "") \
-        + (" --baseline-code BASE" if args.baseline_code else "")
-    result = {"command": command, "baseline_code": _commit(args.baseline_code or ROOT),
+    # The zoo's command; entries measured again later by --entries are listed as such.
+    command = "python scripts/train_efficiency.py" + (" --baseline-code BASE" if args.baseline_code else "")
+    again = sorted(set(json.loads(args.out.read_text()).get("measured_again", []) if args.out.exists() else [])
+                   | set(names if args.entries else []))
+    result = {"command": command, "baseline_code": _commit(args.baseline_code or ROOT), "measured_again": again,
               "cpu": peak["cpu"], "torch": peak["torch"], "peak": peak["peak"], "entries": entries,
               "projected": projected(entries)}
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -16,6 +16,7 @@ from tests.conftest import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_inference  # noqa: E402
 import gpu_check  # noqa: E402
+import train_efficiency  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 GPU_REPORTS = sorted((ROOT / "docs" / "gpu_check").glob("*.json"))
@@ -114,3 +115,25 @@ def test_short_undated_and_about_the_figures():
     for word in (r"\bsessions?\b", r"\blanded\b", r"\blent\b", r"\bthis task\b"):
         found = re.search(word, text, flags=re.I)
         assert found is None, text[max(0, found.start() - 60):found.end() + 20]
+
+
+def test_the_training_efficiency_block_is_the_render_of_the_committed_json():
+    text = _text()
+    block = text[text.index(train_efficiency.START):text.index(train_efficiency.END) + len(train_efficiency.END)]
+    assert block == train_efficiency.rendered()
+
+
+def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
+    from pipeline.config import load_params
+
+    kept = json.loads(train_efficiency.JSON_OUT.read_text())
+    assert kept["cpu"]["model_name"] and kept["cpu"]["family"] and kept["cpu"]["model"]
+    assert all(kept["peak"][p][t]["gflops"] > 0 for p in ("fp32", "bf16") for t in ("1", "2"))
+    assert set(kept["entries"]) == set(load_params(ROOT)["models"])
+    for name, e in kept["entries"].items():
+        for key in ("baseline_steps", "baseline_steps_per_s", "steps", "steps_per_s", "compile_s", "gflop_per_step",
+                    "peak_gflops", "outside_ops", "baseline_steps_per_s_2_threads", "learns_the_same"):
+            assert key in e, (name, key)
+        assert e["baseline_steps"] == json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
+        assert e["steps"] == train_efficiency.fast_steps(name, e["fast_settings"]), name
+    assert kept["projected"] == train_efficiency.projected(kept["entries"])
