@@ -19,15 +19,8 @@ from tests.conftest import TINY
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
-    model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
-    params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
-        "max_steps": 8, "eval_every": 4, "log_every": 2, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return tmp_path
+def root(ntm_copy_root):
+    return ntm_copy_root
 
 
 def test_bucket_batches_cover_every_item_once_and_group_lengths():

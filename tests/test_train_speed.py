@@ -8,32 +8,18 @@ import json
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from pipeline.config import OPT_IN_KEYS, UserError, as_dict, resolve
-from pipeline.stages.prepare import prepare
 from pipeline.training.loop import train
-from tests.conftest import TINY
-
-
-@pytest.fixture
-def root(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
-    model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
-    params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
-        "max_steps": 6, "eval_every": 2, "log_every": 2, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return tmp_path
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "checkpoint" / "last" / "model.safetensors"))
 
 
-def test_opt_in_settings_are_recorded_only_when_on(root):
+def test_opt_in_settings_are_recorded_only_when_on(ntm_copy_root):
+    root = ntm_copy_root
     run = resolve("ntm", root=root)
     assert not set(OPT_IN_KEYS) & set(as_dict(run)["train"])
     train(run, root / "plain", progress=False)
@@ -44,23 +30,25 @@ def test_opt_in_settings_are_recorded_only_when_on(root):
                                                                  "patience": 3}
 
 
-def test_patience_stops_after_validations_without_a_lower_loss_and_a_resume_stays_stopped(root):
-    # lr 0: the weights never move, so the first validation (step 2) stays the best
+def test_patience_stops_after_validations_without_a_lower_loss_and_a_resume_stays_stopped(ntm_copy_root):
+    root = ntm_copy_root
+    # lr 0: the weights never move, so the first validation (step 4) stays the best
     run = resolve("ntm", root=root, overrides={"lr": 0.0, "max_steps": 40, "patience": 2})
     seen = []
     summary = train(run, root / "out", report=seen.append, progress=False)
-    assert [m["step"] for m in seen] == [2, 4, 6]
-    assert summary["steps"] == 6 and summary["best_step"] == 2 and summary["stopped_early"] is True
+    assert [m["step"] for m in seen] == [4, 8, 12]
+    assert summary["steps"] == 12 and summary["best_step"] == 4 and summary["stopped_early"] is True
     again = []
-    assert train(run, root / "out", report=again.append, progress=False)["steps"] == 6 and again == []
+    assert train(run, root / "out", report=again.append, progress=False)["steps"] == 12 and again == []
     curve = (root / "out" / "learning_curves" / "val_loss.csv").read_text().splitlines()
-    assert [line.split(",")[0] for line in curve[1:]] == ["2", "4", "6"]
+    assert [line.split(",")[0] for line in curve[1:]] == ["4", "8", "12"]
     # without patience the same run takes its whole budget
     full = resolve("ntm", root=root, overrides={"lr": 0.0, "max_steps": 8})
     assert "stopped_early" not in train(full, root / "full", progress=False)
 
 
-def test_fused_adamw_learns_what_the_per_tensor_loop_learns(root):
+def test_fused_adamw_learns_what_the_per_tensor_loop_learns(ntm_copy_root):
+    root = ntm_copy_root
     plain = train(resolve("ntm", root=root), root / "loop", progress=False)
     fused = train(resolve("ntm", root=root, overrides={"fused_adamw": True}), root / "fused", progress=False)
     assert fused["best_val_loss"] == pytest.approx(plain["best_val_loss"], rel=1e-5)
@@ -69,9 +57,10 @@ def test_fused_adamw_learns_what_the_per_tensor_loop_learns(root):
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
-def test_a_compiled_step_trains_like_the_eager_one(root, monkeypatch):
+def test_a_compiled_step_trains_like_the_eager_one(ntm_copy_root, monkeypatch):
     """Dynamo traces the model's per-time-step method inside the loop (its eager backend: the graph capture
     is what the loop relies on; inductor's kernels are timed by scripts/train_efficiency.py)."""
+    root = ntm_copy_root
     calls = []
     real = torch.compile
 
@@ -90,7 +79,8 @@ def test_a_compiled_step_trains_like_the_eager_one(root, monkeypatch):
         torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
 
 
-def test_compile_names_a_method_of_the_model(root):
+def test_compile_names_a_method_of_the_model(ntm_copy_root):
+    root = ntm_copy_root
     run = resolve("ntm", root=root, overrides={"compile": "forwardd"})
     with pytest.raises(UserError, match="train.compile is 'forwardd', which this model does not have"):
         train(run, root / "bad", progress=False)
