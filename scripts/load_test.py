@@ -442,7 +442,9 @@ def run_load(url: str, clients: int = 64, seconds: float = 60.0, max_requests: i
         valid = cat.startswith("valid:")
         kind = cat.split(":", 1)[1] if valid else None
         entry = {"kind": "valid" if valid else "bad", "model": chosen[kind][0] if valid else None,
-                 "expected": list(VALID_EXPECTED) if valid else [BAD_EXPECTED[cat]],
+                 # A bad body waits for the codec threads like any other: with their queue full it is 503 with
+                 # Retry-After before anything reads it.
+                 "expected": list(VALID_EXPECTED) if valid else [BAD_EXPECTED[cat], 503],
                  "requests": sum(counts.values()),
                  "statuses": {str(k): v for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))},
                  "odd_bodies": raw["odd_bodies"][cat], "503_without_retry_after": raw["no_retry_after"][cat]}

@@ -58,8 +58,11 @@ def test_mixed_load_with_bad_requests_never_gets_500_and_the_server_survives(pub
         report  # admission engaged
     assert all(c["503_without_retry_after"] == 0 and c["odd_bodies"] == 0 for c in cats.values()), report
     for cat, status in load_test.BAD_EXPECTED.items():
-        assert cats[cat]["requests"] > 0 and cats[cat]["statuses"] == {str(status): cats[cat]["requests"]}, \
-            (cat, cats[cat])
+        # A body waits for the codec threads like any other: with their queue full it is 503 + Retry-After
+        # (checked above) before anything could know it is malformed. Every other answer is the expected one.
+        statuses = cats[cat]["statuses"]
+        assert cats[cat]["requests"] > 0 and statuses.get(str(status), 0) > 0, (cat, cats[cat])
+        assert set(statuses) <= {str(status), "503"}, (cat, cats[cat])
     accepted = summary["accepted"]
     assert accepted["count"] > 0 and 0 < accepted["p50_ms"] <= accepted["p99_ms"]
     assert summary["live_after"]
