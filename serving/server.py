@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,10 @@ class ServeConfig:
     max_connections: int = 1024  # requests in flight per worker; beyond: 503 (never the health endpoints)
     header_timeout_s: float = 5.0  # a connection's time to send complete headers (and an idle keep-alive's)
     timeout_s: float = 30.0  # a request's deadline: its decode loop stops there (HTTP 504)
+    # Python's GIL switch interval in a server process. A decode loop takes the GIL back after each
+    # graph call; at Python's 5 ms it waited behind an event loop busy reading other bodies (a
+    # 25 ms loop took 2-3x as long while hostile uploads arrived; docs/security.md).
+    switch_interval_ms: float = 1.0
     playground: bool = True  # the page at / (a production server behind a gateway turns it off)
     # Host names a request may be addressed to, comma-separated ("*": any). Empty: the bound address
     # and localhost, or any when bound to every address (a pod behind its gateway).
@@ -117,6 +122,8 @@ HELP = {
     "header_timeout_s": "seconds a connection has to send complete request headers, from its start or from the end "
                         "of its previous answer (slower or silent: closed)",
     "timeout_s": "a request's deadline in seconds: its decode loop stops there (504)",
+    "switch_interval_ms": "Python's GIL switch interval in each server process, in ms (inference threads wait "
+                          "at most this long for the event loop between graph calls)",
     "playground": "the playground page at /: every served model's input and attention, drawn from this API's answers",
     "allowed_hosts": "Host names requests may use, comma-separated, * for any (empty: the bound address and "
                      "localhost; any when bound to 0.0.0.0 or ::)",
@@ -763,7 +770,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def app_from_env() -> FastAPI:
     """uvicorn factory for ``--workers N``: each worker process builds its own app and sessions."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # a fresh process: configure its logging too
-    return create_app(ServeConfig(**json.loads(os.environ.get(ENV_CONFIG, "{}"))))
+    cfg = ServeConfig(**json.loads(os.environ.get(ENV_CONFIG, "{}")))
+    sys.setswitchinterval(cfg.switch_interval_ms / 1000)
+    return create_app(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -780,6 +789,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument(flag, type=type(value), default=value, help=f"{HELP[key]} (default %(default)s)",
                         choices=("auto", "cpu", "cuda") if key == "provider" else None)
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
+    sys.setswitchinterval(cfg.switch_interval_ms / 1000)  # the server's process (workers: app_from_env)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         if cfg.workers == 1:

@@ -50,22 +50,27 @@ def _tree_digest(folder: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(published):
+def server(published, tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
-                             "--port", str(port), "--batch-delay-ms", "20", "--max-body-mb", "0.5"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The log goes to a file: a pipe nobody reads until the end fills with the access log of a few
+    # thousand requests, and the server then blocks on its next line.
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
+                                 "--port", str(port), "--batch-delay-ms", "20", "--max-body-mb", "0.5"],
+                                cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     if not client.wait_ready(30, alive=lambda: proc.poll() is None):
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{proc.stdout.read()}")
+            raise RuntimeError(f"server exited:\n{log_path.read_text()}")
         proc.kill()
         raise RuntimeError("server did not become ready in 30 s")
     before = _tree_digest(published.repo)
     yield SimpleNamespace(client=client, url=client.url, proc=proc, published=published)
     proc.terminate()
-    log = proc.communicate(timeout=20)[0]
+    proc.wait(timeout=20)
+    log = log_path.read_text()
     assert _tree_digest(published.repo) == before, "serving changed files in the repository"
     assert "Traceback" not in log, log[-3000:]
 
@@ -516,8 +521,8 @@ BODY = st.one_of(DATA, st.fixed_dictionaries(
                                                               "beam": st.integers(-2, 40)}))}))
 
 
-def _small_latencies(url: str, count: int) -> list[float]:
-    body = json.dumps(_x(data=[0.5] * 10)).encode()
+def _small_latencies(url: str, count: int, steps: int = 2) -> list[float]:
+    body = json.dumps(_x(shape=(1, steps, 5), data=[0.5] * (5 * steps))).encode()
     took = []
     for _ in range(count):
         began = time.perf_counter()
@@ -526,37 +531,64 @@ def _small_latencies(url: str, count: int) -> list[float]:
     return sorted(took)
 
 
+# The hostile client of finding 1, in its own process (its threads must not share the measuring
+# process's interpreter lock): many-member gzip bodies on three threads, each sending its next body
+# 0.1 s after the last answer (about 30 a second arrive: the review saw two at once stall others
+# for seconds; a flood from this 2-core box would measure the client's own CPU, not the server), for
+# at most `seconds` and 300 requests a thread, or until its stdin closes. It prints one line when the
+# first answer arrived, then the answers' statuses and times as JSON.
+GZIP_SENDER = r"""
+import gzip, json, sys, threading, time, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+url, seconds = sys.argv[1], float(sys.argv[2])
+member = gzip.compress(b"", mtime=0)
+bodies = [member * (int(mib * 2**20) // len(member)) for mib in (0.45, 1, 8)]
+stop, answers, closed, started = time.monotonic() + seconds, [], threading.Event(), threading.Lock()
+threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+def send(body):
+    for _ in range(300):
+        if time.monotonic() > stop or closed.is_set():
+            return
+        req = urllib.request.Request(url + "/v2/models/ntm/infer", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        began = time.perf_counter()
+        try:
+            urllib.request.urlopen(req, timeout=30).read()
+            answers.append((200, time.perf_counter() - began))
+        except urllib.error.HTTPError as err:
+            answers.append((err.code, time.perf_counter() - began))
+        if started.acquire(blocking=False):  # the first answer of all
+            print("sending", flush=True)
+        closed.wait(0.1)
+with ThreadPoolExecutor(3) as pool:
+    list(pool.map(send, bodies))
+print(json.dumps(answers), flush=True)
+"""
+
+
 def test_many_member_gzip_bodies_are_refused_at_once_and_do_not_slow_others(server):
     """Finding 1: gzip bodies of many empty members (0.45 MiB: decoded, 1 and 8 MiB: over this
-    server's body limit) are each answered 4xx in well under a second, and a small inference sent
-    meanwhile keeps its p99 within twice its idle figure."""
-    member = gzip.compress(b"", mtime=0)
-    bodies = [member * (int(mib * 2**20) // len(member)) for mib in (0.45, 1, 8)]
-    _small_latencies(server.url, 5)  # warm
-    idle = _small_latencies(server.url, 60)
-    stop, answers = time.monotonic() + 20, []
-
-    def hostile(body: bytes):
-        for _ in range(15):
-            if time.monotonic() > stop:
-                return
-            req = urllib.request.Request(server.url + "/v2/models/ntm/infer", data=body, method="POST",
-                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
-            began = time.perf_counter()
-            try:
-                urllib.request.urlopen(req, timeout=30)
-                answers.append((200, time.perf_counter() - began))
-            except urllib.error.HTTPError as err:
-                answers.append((err.code, time.perf_counter() - began))
-
-    with ThreadPoolExecutor(3) as pool:
-        jobs = [pool.submit(hostile, b) for b in bodies]
-        loaded = _small_latencies(server.url, 60)
-        [job.result() for job in jobs]
+    server's body limit), sent back to back by another process, are each answered 4xx in well under
+    a second, and an unrelated inference of about 25 ms (a 100-step NTM run, as the review's
+    20 ms one) keeps its p99 within twice its idle figure. Idle and loaded samples alternate in
+    rounds, so a slow moment of the machine falls on both."""
+    _small_latencies(server.url, 5, steps=100)  # warm
+    idle, loaded, answers = [], [], []
+    for _ in range(3):
+        idle += _small_latencies(server.url, 40, steps=100)
+        sender = subprocess.Popen([sys.executable, "-c", GZIP_SENDER, server.url, "60"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert sender.stdout.readline().strip() == "sending"
+            loaded += _small_latencies(server.url, 40, steps=100)
+        finally:
+            out = sender.communicate(timeout=60)[0]  # closes its stdin: it stops and prints its answers
+        answers += json.loads(out.splitlines()[-1]) if out.strip() else []
+    idle, loaded = sorted(idle), sorted(loaded)
     p99 = {"idle": idle[int(0.99 * len(idle))], "loaded": loaded[int(0.99 * len(loaded))]}
-    print(f"small inference p99: idle {p99['idle'] * 1000:.1f} ms, with many-member gzip bodies arriving "
-          f"{p99['loaded'] * 1000:.1f} ms; hostile answers {sorted({s for s, _ in answers})}, "
-          f"slowest {max(t for _, t in answers) * 1000:.0f} ms")
+    print(f"100-step inference p99: idle {p99['idle'] * 1000:.1f} ms, with many-member gzip bodies arriving "
+          f"{p99['loaded'] * 1000:.1f} ms ({len(answers)} of them: answers {sorted({s for s, _ in answers})}, "
+          f"slowest {max(t for _, t in answers) * 1000:.0f} ms)")
     assert answers and all(400 <= s < 500 for s, _ in answers) and max(t for _, t in answers) < 1.0, answers
     assert p99["loaded"] <= 2 * p99["idle"], p99
 
