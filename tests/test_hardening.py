@@ -316,3 +316,81 @@ def test_no_loader_serves_an_unverified_version(tmp_path, case):
         except Exception as err:  # noqa: BLE001 (each loader has its own error type)
             message = str(err)
         assert "m version 1" in message and "republish" in message, (loader, message)
+
+
+# ---- Finding 3: memory that grows with the square of a length, admitted against a budget ---------
+def test_the_memory_estimate_grows_with_rows_length_and_length_squared():
+    """Finding 3: the Transformer's encoder was served at 64 rows of 2,000 steps, whose attention
+    scores alone are [64, 4, 2000, 2000] fp32 (4.1 GB) against a 4 GiB pod. Each version now
+    declares its peak memory as rows x (per_row + per_step x length + per_step2 x length²): the
+    Transformer's from its config (six [heads, L, L] fp32 tensors a row, measured at most 5.7), and
+    versions published before carry none and get a default at least as large."""
+    from serving.admission import Memory
+
+    m = Memory.transformer(dim=256, heads=4, ff_dim=1024, enc_layers=3, dec_layers=3)
+    assert m.per_step2 == 4 * 4 * 6
+    assert m.per_step == 4 * (1024 + 256 * (8 + 2 * 3))
+    assert m.per_hypothesis_step == 4 * 2 * 3 * 256
+    assert m.bytes(1, 10) == m.per_row + 10 * m.per_step + 100 * m.per_step2
+    assert m.bytes(2, 10, hypotheses=5) == 2 * m.bytes(1, 10) + 5 * 10 * m.per_hypothesis_step
+    assert m.bytes(64, 2000) > 4 * 2**30  # the finding's request
+    steps = m.largest_steps(64, 3 * 2**30)
+    assert m.bytes(64, steps) <= 3 * 2**30 < m.bytes(64, steps + 1)
+    assert Memory.of(m.as_json()) == m
+    old = Memory.of(None)  # a version published before memory was recorded
+    assert old.per_step2 >= m.per_step2 and old.per_step >= m.per_step
+
+
+def test_publish_records_each_models_memory_from_its_config():
+    """Finding 3: the serving block a version is published with carries its memory estimate: the
+    Transformer's from its width, heads and layers; a model without self-attention has no length² term."""
+    from types import SimpleNamespace
+
+    import models
+    from pipeline.serving_meta import serving_block
+    from serving.admission import Memory
+    from tests.conftest import TINY
+
+    run = SimpleNamespace(task="translation_de_en", evaluate={"beam": 3}, limits={}, name="t")
+    cfg = models.make_config("transformer", TINY["transformer"])
+    block = serving_block(cfg, ["decoder_step", "encoder"], run)
+    assert Memory.of(block["memory"]) == Memory.transformer(cfg.dim, cfg.heads, cfg.ff_dim, cfg.enc_layers,
+                                                            cfg.dec_layers)
+    ntm = serving_block(models.make_config("ntm", TINY["ntm"]), ["step"], SimpleNamespace(
+        task="copy", evaluate={}, limits={}, name="n"))
+    assert Memory.of(ntm["memory"]).per_step2 == 0
+
+
+@pytest.mark.parametrize("content, mib", [("max\n", 4096), ("2147483648\n", 2048), ("9223372036854771712\n", 4096)])
+def test_the_memory_budget_defaults_to_the_cgroup_limit_else_the_pod_limit(tmp_path, content, mib):
+    """Finding 3: --memory-budget-mb 0 (the default) takes the container's memory limit (cgroup v2
+    memory.max or v1 memory.limit_in_bytes), or the KServe pod's 4 GiB where none is set."""
+    from serving.admission import memory_limit
+
+    (tmp_path / "memory.max").write_text(content)
+    assert memory_limit([tmp_path / "memory.max"]) == mib * 2**20
+    assert memory_limit([tmp_path / "absent"]) == 4096 * 2**20
+
+
+def test_a_request_over_the_memory_budget_is_413_naming_the_estimate_and_the_fix():
+    """Finding 3: a request whose estimate exceeds the budget is refused with 413 from its shapes
+    alone, in one sentence naming the estimate, the budget and what to send instead."""
+    from serving.admission import Memory
+    from serving.base import ServedModel
+    from serving.protocol import TensorSpec
+
+    class Model(ServedModel):
+        limit_axes = {"x": {0: ("rows", "rows"), 1: ("steps", "steps")}}
+
+        def infer(self, feeds, params):
+            raise AssertionError("never run")
+
+    model = Model("m", 1, [TensorSpec("x", "INT64", (-1, -1))], [TensorSpec("y", "FP32", (-1,))])
+    model.memory = Memory(per_row=0, per_step=0, per_step2=100)
+    assert model.check_memory({"x": (64, 100)}, None, {}, 2**30) == 64 * 100 * 100 * 100
+    with pytest.raises(RequestError) as over:
+        model.check_memory({"x": (64, 2000)}, None, {}, 2**30)
+    message = str(over.value)
+    assert over.value.status == 413
+    assert "24,414 MiB" in message and "1,024 MiB" in message and "--memory-budget-mb" in message
+    assert "fewer rows or shorter inputs" in message and message.count(". ") == 0

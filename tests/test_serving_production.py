@@ -525,3 +525,93 @@ def _held_sockets_lock_no_one_out(srv, host: str, port: int, count: int) -> None
     finally:
         for sock in held:
             sock.close()
+
+
+def _infer(url: str, name: str, body: dict, timeout: float = 600) -> tuple[int, dict, float]:
+    """(status, answer, seconds) of one inference request."""
+    req = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read()), time.monotonic() - started
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), time.monotonic() - started
+
+
+def _source(rows: int, steps: int, vocab: int) -> dict:
+    """An encoder request: ``rows`` sources of ``steps`` piece ids each."""
+    ids = np.random.default_rng(0).integers(3, vocab, rows * steps).tolist()
+    return {"inputs": [{"name": "src", "shape": [rows, steps], "datatype": "INT64", "data": ids},
+                       {"name": "src_len", "shape": [rows], "datatype": "INT64", "data": [steps] * rows}]}
+
+
+def _largest_and_one_beyond(srv, name: str, rows: int) -> tuple[int, int]:
+    """The longest source the server admits at ``rows`` rows, and the memory budget, from the model's metadata."""
+    from serving.admission import Memory
+
+    params = raw(srv.url, "GET", f"/v2/models/{name}")[1]["parameters"]
+    budget = params["memory_budget_bytes"]
+    return Memory.of(params["memory"]).largest_steps(rows, budget), budget
+
+
+def test_a_request_over_the_memory_budget_is_413_before_it_runs(published):
+    """Finding 3: the Transformer's encoder ran whatever rows x steps the limits allowed, however
+    much memory its length² attention took. Now the longest source the budget admits at 64 rows
+    is answered, one step longer is 413 at once (no graph run: the server's peak RSS is unchanged),
+    and so are 64 texts of 2,000 characters to the whole model (their pieces are bounded by their
+    characters), while a short text is answered."""
+    srv = start_server(published.repo, "--memory-budget-mb", "1024")
+    try:
+        steps, budget = _largest_and_one_beyond(srv, "transformer.encoder", 64)
+        assert 1 < steps < 2000 and budget < 1024 * 2**20  # the server's own memory is taken off the limit
+        vocab = raw(srv.url, "GET", "/v2/models/transformer.decoder_step")[1]["outputs"][0]["shape"][-1]
+        peak = _vm(srv.proc.pid, "VmHWM")
+        status, answer, took = _infer(srv.url, "transformer.encoder", _source(64, steps + 1, vocab))
+        assert status == 413 and "memory budget" in answer["error"] and "fewer rows" in answer["error"], answer
+        assert took < 5 and _vm(srv.proc.pid, "VmHWM") - peak < 32 * 2**20
+        status, answer, _ = _infer(srv.url, "transformer.encoder", _source(64, steps, vocab))
+        assert status == 200, answer
+        texts = {"inputs": [{"name": "text", "shape": [64], "datatype": "BYTES", "data": ["Hund " * 400] * 64}]}
+        status, answer, _ = _infer(srv.url, "transformer", texts)
+        assert status == 413 and "memory budget" in answer["error"], answer
+        short = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Wo ist der Hund?"]}]}
+        assert _infer(srv.url, "transformer", short)[0] == 200
+    finally:
+        stop(srv)
+
+
+def test_the_transformers_largest_admitted_request_fits_the_pod(published, tmp_path):
+    """Finding 3, measured: a Transformer of the committed params' shape (random weights: no trained
+    weights are on this machine) served with the pod's limit as its memory budget. The longest source
+    admitted at 64 rows runs with the server's peak RSS under the pod's 4 GiB; one step longer is 413
+    before running."""
+    import yaml
+
+    from tests.serving_repo import _publish
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    vocab = params["tasks"]["translation_de_en"]["vocab_size"]
+    torch.manual_seed(0)
+    model = models.build("transformer", {**params["models"]["transformer"]["model"], "src_vocab": vocab,
+                                         "tgt_vocab": vocab}).eval()
+    repo = tmp_path / "model_repository"
+    _publish(repo, "transformer", "transformer", "translation_de_en", model, tmp_path,
+             [published.work / "spm.de.model", published.work / "spm.en.model"])
+    srv = start_server(repo, "--memory-budget-mb", str(POD_MEMORY // 2**20), "--timeout-s", "600")
+    try:
+        rows = 64
+        steps, budget = _largest_and_one_beyond(srv, "transformer.encoder", rows)
+        refused, answer, took = _infer(srv.url, "transformer.encoder", _source(rows, steps + 1, vocab))
+        assert refused == 413 and "memory budget" in answer["error"], answer
+        before = _vm(srv.proc.pid, "VmRSS")
+        status, answer, ran = _infer(srv.url, "transformer.encoder", _source(rows, steps, vocab))
+        peak = _vm(srv.proc.pid, "VmHWM")
+        print(f"transformer.encoder ({model.cfg.dim} wide, {model.cfg.heads} heads, {model.cfg.enc_layers} layers): "
+              f"budget {budget / 2**20:,.0f} MiB; {rows} x {steps} admitted, answered in {ran:.1f} s; server RSS "
+              f"{before / 2**20:,.0f} MiB before, peak {peak / 2**20:,.0f} MiB (pod limit {POD_MEMORY / 2**20:,.0f} "
+              f"MiB); {rows} x {steps + 1}: {refused} in {took * 1000:.0f} ms")
+        assert status == 200, answer
+        assert peak < POD_MEMORY
+    finally:
+        stop(srv)
