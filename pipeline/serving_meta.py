@@ -13,7 +13,7 @@ import dataclasses
 
 from pipeline.config import RunConfig, UserError
 from pipeline.graphs import loop_kind
-from serving.admission import Limits
+from serving.admission import Limits, Memory
 
 # How a server turns a task's raw input into graph inputs and back, for the first two tasks; later
 # tasks declare it as ``Task.serving``. These belong there too, but editing those task files re-runs
@@ -61,6 +61,20 @@ def limits(run: RunConfig) -> dict:
     return Limits.of(run.limits).as_json()
 
 
+WIDTH_WORDS = ("hidden", "dim", "controller_size", "memory_size", "glimpse_out")  # a config's layer widths
+
+
+def memory(cfg) -> dict:
+    """How the model's peak memory grows with a request's rows and length (serving/admission.py
+    Memory): a Transformer's from its width, heads and layers (its self-attention grows with the
+    square of the length), every other model's from its widest layer."""
+    if all(hasattr(cfg, k) for k in ("dim", "heads", "ff_dim", "enc_layers", "dec_layers")):
+        return Memory.transformer(cfg.dim, cfg.heads, cfg.ff_dim, cfg.enc_layers, cfg.dec_layers).as_json()
+    widths = [getattr(cfg, f.name) for f in dataclasses.fields(cfg) if any(w in f.name for w in WIDTH_WORDS)
+              and isinstance(getattr(cfg, f.name), int)]
+    return Memory.linear(max(widths, default=256)).as_json()
+
+
 def serving_block(cfg, graphs: list[str], run: RunConfig) -> dict:
-    """The whole serving block a version carries: how its graphs are run, and its limits."""
-    return {**serving_meta(cfg, graphs, run), "limits": limits(run)}
+    """The whole serving block a version carries: how its graphs are run, its limits and its memory."""
+    return {**serving_meta(cfg, graphs, run), "limits": limits(run), "memory": memory(cfg)}

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from serving.admission import Limits, over_limit
+from serving.admission import Limits, Memory, over_budget, over_limit
 from serving.protocol import ONNX_TYPES, RequestError, TensorSpec
 from serving.runtime import OrtGraph
 
@@ -27,6 +27,8 @@ class ServedModel(ABC):
 
     ``limit_axes`` maps an input to ``{axis: (what, limit)}``: the generic checks of
     :meth:`check_limits` (rows on axis 0, time steps on axis 1, ...), run before any work.
+    ``memory`` (the version's, set by its loader) estimates a request's peak memory from the same
+    axes: :meth:`check_memory`.
     """
 
     platform = "onnxruntime_onnx"
@@ -36,6 +38,7 @@ class ServedModel(ABC):
     # Free output axes whose size a request fixes: {output axis: (input, its axis)}, e.g. an NTM's
     # outputs have the input's time steps on axis 1; every output has the input's rows on axis 0.
     output_axes: dict[int, tuple[str, int]] = {}
+    memory = Memory()  # a version published before its memory was recorded: the conservative default
 
     def __init__(self, name: str, version: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
                  limits: Limits | None = None):
@@ -64,6 +67,26 @@ class ServedModel(ABC):
             over_limit("parameter 'beam'", params["beam"], "beam", self.limits.beam)
         over_limit("the answer's size in values (at least)", self.least_output(shapes), "output_elements",
                    self.limits.output_elements)
+
+    def memory_size(self, shapes: dict[str, tuple[int, ...]], feeds: dict | None,
+                    params: dict) -> tuple[int, int, int]:
+        """(rows, length, beam hypotheses) of a request for :attr:`memory`: the largest size of a
+        ``rows`` axis and of a ``steps`` axis among :attr:`limit_axes` (an input without any: 1).
+        ``feeds`` is None before the data is read; kinds whose length is in the data override this."""
+        sizes = {"rows": 1, "steps": 1}
+        for name, axes in self.limit_axes.items():
+            for axis, (_, limit) in axes.items():
+                if limit in sizes and len(shapes.get(name, ())) > axis:
+                    sizes[limit] = max(sizes[limit], shapes[name][axis])
+        return sizes["rows"], sizes["steps"], 0
+
+    def check_memory(self, shapes: dict[str, tuple[int, ...]], feeds: dict | None, params: dict,
+                     budget: float) -> float:
+        """The request's estimated peak memory in bytes; 413 when it exceeds ``budget``, before any work."""
+        rows, steps, hypotheses = self.memory_size(shapes, feeds, params)
+        need = self.memory.bytes(rows, steps, hypotheses)
+        over_budget(need, budget, rows, steps)
+        return need
 
     def least_output(self, shapes: dict[str, tuple[int, ...]]) -> int:
         """Values the answer has at least, known before any work: declared sizes, the rows, the

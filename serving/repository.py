@@ -22,6 +22,7 @@ import logging
 import re
 from pathlib import Path
 
+from serving.admission import Memory
 from serving.base import GraphModel, ServedModel, check_version  # noqa: F401  (load_version runs it)
 from serving.kinds import load_version
 from serving.protocol import RequestError
@@ -79,7 +80,9 @@ class Repository:
             log.warning("%s version %d has no serving loop in its metadata (published before serving "
                         "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)
         for graph_name, graph in graphs.items():
-            self._add(GraphModel(f"{name}.{graph_name}", version, graph, whole.limits if whole else None), meta)
+            part = GraphModel(f"{name}.{graph_name}", version, graph, whole.limits if whole else None)
+            part.memory = Memory.of(meta.get("serving", {}).get("memory"))  # the version's: it bounds each graph
+            self._add(part, meta)
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         versions = self.models.get(name)

@@ -16,8 +16,8 @@ import asyncio
 import json
 import logging
 import os
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,9 +40,11 @@ from serving.admission import (
     COMPUTE,
     Admission,
     DeadlineExceeded,
+    MemoryPool,
     check_deadline,
     deadline_carried,
     deadline_scope,
+    memory_limit,
     over_limit,
 )
 from serving.base import GraphModel, ServedModel
@@ -97,6 +99,10 @@ class ServeConfig:
     # Host names a request may be addressed to, comma-separated ("*": any). Empty: the bound address
     # and localhost, or any when bound to every address (a pod behind its gateway).
     allowed_hosts: str = ""
+    # The memory this process may use, in MiB; 0: the container's limit (cgroup) over --workers, else
+    # the KServe pod's 4 GiB. Requests get it less what the server holds once its models are loaded
+    # (measured then, not guessed): a request whose estimate exceeds that is 413 before it runs.
+    memory_budget_mb: float = 0.0
 
 
 # `attnzoo serve --help`, one line per ServeConfig field (the defaults are appended from the dataclass).
@@ -127,6 +133,8 @@ HELP = {
     "playground": "the playground page at /: every served model's input and attention, drawn from this API's answers",
     "allowed_hosts": "Host names requests may use, comma-separated, * for any (empty: the bound address and "
                      "localhost; any when bound to 0.0.0.0 or ::)",
+    "memory_budget_mb": "memory this process may use, in MiB (0: the container's cgroup limit over --workers, else "
+                        "4096); a request whose estimated peak exceeds it, less what the server holds, is 413",
 }
 
 
@@ -409,6 +417,17 @@ class HeaderDeadline(HttpToolsProtocol):
             self.transport.close()
 
 
+def _rss() -> float:
+    """This process's resident memory in bytes (0 where /proc is not there)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
     service = Service(cfg, repository)
@@ -462,6 +481,12 @@ class Service:
                                  registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
+        # Requests share what this process may use less what it holds now, its models loaded: the
+        # largest admitted request fits beside the server itself (docs/security.md has the measurement).
+        limit = cfg.memory_budget_mb * 2**20 or memory_limit() / max(cfg.workers, 1)
+        self.memory = MemoryPool(max(limit - _rss(), 0.0))
+        log.info("memory budget for requests: %.0f MiB (limit %.0f MiB less %.0f MiB held)",
+                 self.memory.budget / 2**20, limit / 2**20, _rss() / 2**20)
 
     def step_batching(self, model: str, graphs: dict) -> dict:
         """A looping model's graphs, shared across requests: greedy seq2seq decoding runs in one
@@ -488,7 +513,8 @@ class Service:
         return {**model.metadata(repo.versions(name)), "parameters": {
             "version": str(model.version), "default_version": None if default is None else str(default),
             "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
-            "kind": model.kind, "limits": model.limits.as_json()}}
+            "kind": model.kind, "limits": model.limits.as_json(), "memory": model.memory.as_json(),
+            "memory_budget_bytes": int(self.memory.budget)}}
 
     def label(self, name: str) -> str:
         """The metrics label of a request: its model, or one label for every name not served (a
@@ -507,7 +533,9 @@ class Service:
             # Parsing and encoding run in their own threads: the event loop keeps answering others.
             feeds, wanted, params, as_binary, request_id = await self.in_codec(
                 deadline, self.parse, model, await request.body(), request.headers)
-            async with self.admission.turn():  # 503 + Retry-After when the waiting room is full
+            # 413 when its estimated memory exceeds the budget (its lengths now known), before it runs
+            need = model.check_memory({k: np.shape(v) for k, v in feeds.items()}, feeds, params, self.memory.budget)
+            async with self.admission.turn(), self.memory.hold(need, deadline):  # 503 + Retry-After when full
                 # the loop itself stops at its deadline (504); the grace covers the last step
                 outs = await asyncio.wait_for(self.run_model(model, feeds, params), cfg.timeout_s + 5)
             header = {"model_name": model.name, "model_version": str(model.version)}
@@ -563,7 +591,9 @@ class Service:
                           check_deadline)
         body, binary = read_request(raw, http_headers.get(HEADER_LENGTH), model.inputs)
         params = body.get("parameters") if isinstance(body, dict) else None
-        model.check_limits(declared_shapes(body, model.inputs), params if isinstance(params, dict) else {})
+        shapes = declared_shapes(body, model.inputs)
+        model.check_limits(shapes, params if isinstance(params, dict) else {})
+        model.check_memory(shapes, None, params if isinstance(params, dict) else {}, self.memory.budget)
         feeds, wanted, params = parse_request(body, model.inputs, model.outputs, binary)
         return feeds, wanted, params, binary_outputs(body, wanted), body.get("id")  # a string (check_fields)
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 import models
-from pipeline.serving_meta import serving_meta
+from pipeline.serving_meta import memory, serving_meta
 from pipeline.stages.export import export_onnx
 from pipeline.stages.publish import write_version
 from tests.conftest import TINY
@@ -46,7 +46,8 @@ def _write(repo: Path, name: str, arch: str, task: str, model, artifacts: list[P
            onnx_dir: Path) -> dict:
     run = SimpleNamespace(task=task, evaluate={"beam": 3})
     graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
-    meta, created, _ = write_version(repo / name, name, onnx_dir, serving_meta(model.cfg, graphs, run),
+    serving = {**serving_meta(model.cfg, graphs, run), "memory": memory(model.cfg)}  # as publish writes it
+    meta, created, _ = write_version(repo / name, name, onnx_dir, serving,
                                   {"arch": arch, "task": task, "parity_passed": True, "production": promoted},
                                   artifacts)
     assert created

@@ -540,10 +540,12 @@ def _infer(url: str, name: str, body: dict, timeout: float = 600) -> tuple[int, 
 
 
 def _source(rows: int, steps: int, vocab: int) -> dict:
-    """An encoder request: ``rows`` sources of ``steps`` piece ids each."""
+    """An encoder request: ``rows`` sources of ``steps`` piece ids each, answered with the source
+    mask alone (all its outputs would be over limits.output_elements, which counts only what is asked for)."""
     ids = np.random.default_rng(0).integers(3, vocab, rows * steps).tolist()
     return {"inputs": [{"name": "src", "shape": [rows, steps], "datatype": "INT64", "data": ids},
-                       {"name": "src_len", "shape": [rows], "datatype": "INT64", "data": [steps] * rows}]}
+                       {"name": "src_len", "shape": [rows], "datatype": "INT64", "data": [steps] * rows}],
+            "outputs": [{"name": "mask"}]}
 
 
 def _largest_and_one_beyond(srv, name: str, rows: int) -> tuple[int, int]:

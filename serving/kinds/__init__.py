@@ -61,7 +61,7 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
     server's step batching); the returned graphs are the plain ones. ``loop_threads`` (default:
     ``threads``) are the ONNX Runtime intra-op threads of a model with several graphs, whose loops
     make many small calls (ORT's spinning thread pool then only competes with the loop)."""
-    from serving.admission import Limits
+    from serving.admission import Limits, Memory
     from serving.base import GraphModel, check_version
     from serving.runtime import OrtGraph
 
@@ -73,9 +73,12 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         threads = loop_threads
     graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
     limits = Limits.of(meta.get("serving", {}).get("limits"))  # versions published before limits: defaults
+    memory = Memory.of(meta.get("serving", {}).get("memory"))  # ... before memory: the conservative default
     kind = kind_of(meta.get("serving", {}), list(graphs))
     if kind == "graph":
-        return GraphModel(name, version, next(iter(graphs.values())), limits), graphs, meta
+        model = GraphModel(name, version, next(iter(graphs.values())), limits)
+        model.memory = memory
+        return model, graphs, meta
     if kind is None:
         return None, graphs, meta
     if kind not in KINDS:
@@ -83,5 +86,6 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
                          "upgrade the server")
     looped = wrap(name, graphs) if wrap and len(graphs) > 1 else graphs
     model = KINDS[kind](name, version, folder, meta, looped, limits)
+    model.memory = memory
     model.open_engine(provider, engine_threads)
     return model, graphs, meta

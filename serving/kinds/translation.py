@@ -70,6 +70,20 @@ class TranslationModel(ServedModel):
             raise ValueError(f"engine {engine!r} is not known to this server (known: onnxruntime, ctranslate2); "
                              "upgrade the server")
 
+    def memory_size(self, shapes, feeds, params) -> tuple[int, int, int]:
+        """(texts encoded at once, their longest length, beam hypotheses decoded at once). A text's
+        pieces are at most its characters, one for a leading word boundary and EOS: before the data
+        is read (``feeds`` None) nothing is known of its length."""
+        texts = (shapes.get("text") or (1,))[0]
+        if feeds is None or "text" not in feeds:
+            return texts, 1, 0
+        steps = max((len(str(t)) for t in feeds["text"].reshape(-1)), default=0) + 2
+        mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
+        if mode == "beam":
+            texts = min(texts, max(1, BEAM_ROWS // beam))  # the texts of one chunk run at once
+            return texts, steps, texts * beam
+        return texts, steps, texts
+
     def encode(self, text: str) -> list[int]:
         over_limit("the length of a text in characters", len(text), "text_chars", self.limits.text_chars)
         ids = self.src_sp.encode(text)
