@@ -96,7 +96,7 @@ class Memory:
     def of(cls, values: dict | None) -> Memory:
         """From a version's metadata (older versions have none: the defaults)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) for k, v in (values or {}).items() if k in known})
+        return cls(**{k: v if isinstance(v, int) else float(v) for k, v in (values or {}).items() if k in known})
 
     def as_json(self) -> dict:
         return asdict(self)
