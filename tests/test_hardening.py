@@ -339,6 +339,9 @@ def test_the_memory_estimate_grows_with_rows_length_and_length_squared():
     assert Memory.of(m.as_json()) == m
     old = Memory.of(None)  # a version published before memory was recorded
     assert old.per_step2 >= m.per_step2 and old.per_step >= m.per_step
+    assert Memory.of(None, "transformer") == old
+    # ... of an architecture without self-attention (its metadata's arch): linear in the length
+    assert Memory.of(None, "ntm").per_step2 == 0 and Memory.of(None, "ntm").per_step >= Memory.linear(512).per_step
 
 
 def test_publish_records_each_models_memory_from_its_config():
