@@ -58,6 +58,7 @@ def over_limit(what: str, value: float, limit: str, cap: float) -> None:
 
 
 FP32 = 4  # bytes
+SELF_ATTENTION = ("transformer",)  # the architectures whose memory grows with the square of a length
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,12 @@ class Memory:
         return cls(per_row=1 << 20, per_step=FP32 * 8 * width, per_step2=0.0, per_hypothesis_step=FP32 * 4 * width)
 
     @classmethod
-    def of(cls, values: dict | None) -> Memory:
-        """From a version's metadata (older versions have none: the defaults)."""
+    def of(cls, values: dict | None, arch: str | None = None) -> Memory:
+        """From a version's metadata. Older versions have none: a Transformer-base's (the defaults)
+        for a Transformer or a version that names no architecture, one linear in the length (a
+        512-wide model's) for the architectures without self-attention (``arch``: the metadata's)."""
+        if values is None and isinstance(arch, str) and arch not in SELF_ATTENTION:
+            return cls.linear(512)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v if isinstance(v, int) else float(v) for k, v in (values or {}).items() if k in known})
 
