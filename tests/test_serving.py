@@ -3,7 +3,6 @@ checked against the Open Inference Protocol and against PyTorch on the same inpu
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
