@@ -367,3 +367,62 @@ def test_cancelled_and_expired_calls_leave_the_server_answering_and_are_counted(
                if line.startswith('attnzoo_requests_total{model="bahdanau",protocol="grpc"')}
     assert counted.get('attnzoo_requests_total{model="bahdanau",protocol="grpc",status="200"}', 0) >= 1, counted
     assert 'attnzoo_request_seconds_count{model="bahdanau",protocol="grpc"}' in metrics
+
+
+def _series(metrics: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text -> {(name, {(label, value)}): value}, whatever order the labels come in."""
+    out = {}
+    for line in metrics.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            pairs = [p.split("=", 1) for p in labels.rstrip("}").split(",") if p]
+            out[name, frozenset((k, v.strip('"')) for k, v in pairs)] = float(value)
+    return out
+
+
+@pytest.mark.integration
+def test_grpc_and_rest_requests_share_batched_calls(published, tmp_path, grpcclient, cases):
+    """One scheduler for both protocols: 8 REST and 8 gRPC requests for a batched graph, sent at once
+    to a server that waits up to 2 s for companions. A call of more than 8 requests' rows holds both."""
+    import threading
+
+    srv = _start(published.repo, tmp_path / "server.log", "--batch-delay-ms", "2000")
+    try:
+        client = grpcclient.InferenceServerClient(url=srv.grpc)
+        name, (inputs, _) = "bahdanau.encoder", cases["bahdanau.encoder"]
+        answers, start = {}, threading.Barrier(16)
+
+        def rest(i):
+            start.wait(30)
+            answers[i] = srv.client.infer(name, inputs)
+
+        def grpc_call(i):
+            tensors = _tensors(grpcclient, inputs)
+            start.wait(30)
+            result = client.infer(name, tensors, client_timeout=60)
+            answers[i] = {n: result.as_numpy(n) for n in answers_names}
+
+        answers_names = [o["name"] for o in srv.client.model_metadata(name)["outputs"]]
+        threads = [threading.Thread(target=rest if i < 8 else grpc_call, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == 16
+        for i in range(8, 16):
+            for output in answers_names:
+                _assert_same(answers[i][output], answers[0][output], output)
+        value = _series(srv.client.send("GET", "/metrics", None, {})[0].decode())
+        model = frozenset({("model", name)})
+        rows = len(next(iter(inputs.values())))
+        calls = value["attnzoo_batch_rows_count", model]
+        assert value["attnzoo_batch_rows_sum", model] == 16 * rows
+        assert calls > value["attnzoo_batch_rows_bucket", model | {("le", f"{8.0 * rows}")}], \
+            "no call held requests of both protocols"
+        for protocol in ("rest", "grpc"):
+            assert value["attnzoo_requests_total", model | {("protocol", protocol), ("status", "200")}] == 8
+        client.close()
+    finally:
+        log = _stop(srv)
+    assert "Traceback" not in log, log[-3000:]
