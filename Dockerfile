@@ -58,7 +58,8 @@ COPY serving/ serving/
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /app --shell /usr/sbin/nologin attnzoo
 USER 10001:10001
 
-EXPOSE 8080
+# 8080: the Open Inference Protocol over HTTP (REST); 8081: the same protocol over gRPC (KServe's default ports).
+EXPOSE 8080 8081
 # Docker's own health check (Kubernetes ignores it: deploy/kserve/serving-runtime.yaml has the probes).
 # Ready: every version in the repository loaded. Loading all graphs takes a while, hence the start period.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
@@ -67,4 +68,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 # `docker run IMAGE --workers 2 ...` or a ServingRuntime's args replace CMD (give the flags below again).
 ENTRYPOINT ["python", "-m", "serving.server"]
 # A production server answers the protocol only: no playground page at / (docs/security.md).
-CMD ["--host", "0.0.0.0", "--port", "8080", "--repository", "/mnt/models", "--no-playground"]
+CMD ["--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8081", "--repository", "/mnt/models", "--no-playground"]

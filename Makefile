@@ -27,6 +27,12 @@ test: setup          ## the test suite (pytest's "no tests collected" counts as 
 test-fast: setup     ## the unit tests alone (a few minutes): no process started, no server, no end-to-end run
 	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); exit $$status
 
+# serving/grpc/grpc_service_pb2.py from serving/grpc/grpc_service.proto (shipped: the serving image needs no
+# protoc); grpcio-tools is in the dev extra, tests/test_grpc.py checks the shipped file is what this writes.
+.PHONY: grpc-stubs
+grpc-stubs: setup
+	python -m grpc_tools.protoc -Iserving/grpc --python_out=serving/grpc serving/grpc/grpc_service.proto
+
 lint: setup
 	ruff check models pipeline serving tests scripts
 

@@ -70,6 +70,9 @@ class ServeConfig:
     repository: str = "model_repository"
     host: str = "127.0.0.1"
     port: int = 8000
+    # The gRPC port of the same protocol (0: none). Both protocols share one admission, one set of
+    # batchers and one set of metrics: a gRPC and a REST request can share a step batch.
+    grpc_port: int = 0
     workers: int = 1
     provider: str = "auto"  # auto | cpu | cuda
     ort_threads: int = 0  # ONNX Runtime intra-op threads per session of a one-graph model (0: its default)
@@ -110,6 +113,7 @@ HELP = {
     "repository": "the model repository to serve (what publish writes; Triton's layout)",
     "host": "the address to bind; 0.0.0.0 to serve beyond this machine",
     "port": "the HTTP port",
+    "grpc_port": "the gRPC port of the Open Inference Protocol (GRPCInferenceService), beside REST (0: off)",
     "workers": "server processes (uvicorn workers), each with its own ONNX Runtime sessions",
     "provider": "ONNX Runtime execution provider: auto takes CUDA when onnxruntime-gpu sees a GPU",
     "ort_threads": "intra-op threads of a one-graph model's session (0: ONNX Runtime's default)",
@@ -433,8 +437,14 @@ def create_app(cfg: ServeConfig | None = None, repository: Repository | None = N
     service = Service(cfg, repository)
     # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN (nothing a served page
     # loads may come from elsewhere); the schema is at /openapi.json for any viewer.
+    lifespan = None
+    if cfg.grpc_port:  # imported only then: grpcio is needed only to serve gRPC
+        from serving.grpc_server import grpc_lifespan
+
+        lifespan = grpc_lifespan(service)
     app = FastAPI(title="attnzoo inference server", version=__version__, docs_url=None, redoc_url=None,
-                  description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.")
+                  description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.",
+                  lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
     _add_error_handlers(app)
     _add_server_routes(app, service.repo)
@@ -475,9 +485,10 @@ class Service:
         # Jobs queued for or running on those threads: at most --max-queue, beyond that 503 at once.
         self.codec_jobs, self.codec_lock = 0, threading.Lock()
         self.admission = Admission(cfg.running, cfg.max_queue)
-        self.requests = Counter("attnzoo_requests", "Inference requests by model and HTTP status", ["model", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model"],
+        # status: the HTTP status, or for gRPC the HTTP status its code maps from (499: cancelled)
+        self.requests = Counter("attnzoo_requests", "Inference requests by model, protocol (rest, grpc) and status",
+                                ["model", "protocol", "status"], registry=self.registry)
+        self.latency = Histogram("attnzoo_request_seconds", "Inference request latency", ["model", "protocol"],
                                  registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
@@ -526,35 +537,55 @@ class Service:
         return {"name": name, "ready": True}
 
     async def infer(self, name: str, version: str | None, request: Request) -> Response:
-        cfg, started, status = self.cfg, time.perf_counter(), 500
-        deadline = (time.monotonic() + cfg.timeout_s, cfg.timeout_s)  # parsing and encoding count too
-        try:
-            model = self.repo.get(name, version)
-            # Parsing and encoding run in their own threads: the event loop keeps answering others.
-            feeds, wanted, params, as_binary, request_id = await self.in_codec(
-                deadline, self.parse, model, await request.body(), request.headers)
-            # 413 when its estimated memory exceeds the budget (its lengths now known), before it runs
-            need = model.check_memory({k: np.shape(v) for k, v in feeds.items()}, feeds, params, self.memory.budget)
-            async with self.admission.turn(), self.memory.hold(need, deadline):  # 503 + Retry-After when full
-                # the loop itself stops at its deadline (504); the grace covers the last step
-                outs = await asyncio.wait_for(self.run_model(model, feeds, params), cfg.timeout_s + 5)
+        """One REST inference request."""
+        raw, headers = await request.body(), request.headers
+
+        def parse(model: ServedModel) -> tuple:
+            feeds, wanted, params, as_binary, request_id = self.parse(model, raw, headers)
+            return feeds, wanted, params, (as_binary, request_id)
+
+        def encode(model: ServedModel, outputs: list, extra: tuple):
+            as_binary, request_id = extra
             header = {"model_name": model.name, "model_version": str(model.version)}
             if request_id is not None:
                 header["id"] = request_id
-            content, headers = await self.in_codec(
-                deadline, self.encode, model, header, [(n, *outs[n]) for n in wanted], as_binary,
-                request.headers.get("accept-encoding"))
+            return self.encode(model, header, outputs, as_binary, headers.get("accept-encoding"))
+
+        content, out_headers = await self.handle(name, version, "rest", self.cfg.timeout_s, parse, encode)
+        return Response(content, headers=out_headers)
+
+    async def handle(self, name: str, version: str | None, protocol: str, timeout_s: float, parse, encode):
+        """One inference request of either protocol: ``parse(model)`` -> (feeds, wanted outputs,
+        parameters, extra) and ``encode(model, [(name, array, datatype)], extra)`` -> the answer run on
+        codec threads, the model between them after the same admission and batchers, all within
+        ``timeout_s`` (parsing and encoding count too); counted in the metrics under ``protocol``."""
+        started, status = time.perf_counter(), 500
+        deadline = (time.monotonic() + timeout_s, timeout_s)
+        try:
+            model = self.repo.get(name, version)
+            # Parsing and encoding run in their own threads: the event loop keeps answering others.
+            feeds, wanted, params, extra = await self.in_codec(deadline, parse, model)
+            # 413 when its estimated memory exceeds the budget (its lengths now known), before it runs
+            need = model.check_memory({k: np.shape(v) for k, v in feeds.items()}, feeds, params, self.memory.budget)
+            # 503 + Retry-After when the waiting room is full; the memory held waits within the deadline
+            async with self.admission.turn(), self.memory.hold(need, deadline):
+                # the loop itself stops at its deadline (504); the grace covers the last step
+                outs = await asyncio.wait_for(self.run_model(model, feeds, params, timeout_s), timeout_s + 5)
+            answer = await self.in_codec(deadline, encode, model, [(n, *outs[n]) for n in wanted], extra)
             status = 200
-            return Response(content, headers=headers)
+            return answer
         except RequestError as err:
             status = err.status
             raise
         except TimeoutError:
             status = 504
-            raise RequestError(f"inference took longer than {cfg.timeout_s} s", status=504) from None
+            raise RequestError(f"inference took longer than {timeout_s} s", status=504) from None
+        except asyncio.CancelledError:  # the client went away (a cancelled gRPC call)
+            status = 499
+            raise
         finally:
-            self.requests.labels(self.label(name), str(status)).inc()
-            self.latency.labels(self.label(name)).observe(time.perf_counter() - started)
+            self.requests.labels(self.label(name), protocol, str(status)).inc()
+            self.latency.labels(self.label(name), protocol).observe(time.perf_counter() - started)
 
     async def in_codec(self, deadline: tuple[float, float], work, *args):
         """``work(*args)`` on a codec thread under the request's deadline: a job that waited past it
@@ -604,11 +635,12 @@ class Service:
                    model.limits.output_elements)
         return encode_response(header, outputs, as_binary, accept)
 
-    def _infer(self, model: ServedModel, feeds: dict, params: dict) -> dict:
-        with deadline_scope(self.cfg.timeout_s):
+    @staticmethod
+    def _infer(model: ServedModel, feeds: dict, params: dict, timeout_s: float) -> dict:
+        with deadline_scope(timeout_s):
             return model.infer(feeds, params)
 
-    async def run_model(self, model: ServedModel, feeds: dict, params: dict) -> dict:
+    async def run_model(self, model: ServedModel, feeds: dict, params: dict, timeout_s: float | None = None) -> dict:
         cfg = self.cfg
         try:
             if isinstance(model, GraphModel) and model.batchable:
@@ -620,7 +652,8 @@ class Service:
                                                         cfg.batch_delay_ms / 1000, cfg.max_queue,
                                                         self.batch_rows.labels(model.name).observe)
                 return await self.batchers[key].infer(feeds)
-            return await asyncio.get_running_loop().run_in_executor(self.executor, self._infer, model, feeds, params)
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, self._infer, model, feeds, params, cfg.timeout_s if timeout_s is None else timeout_s)
         except RequestError:
             raise
         except Exception as err:  # ONNX Runtime rejects what the declared shapes cannot (e.g. ids out of range)

@@ -40,6 +40,7 @@ SCHEMAS = {("serving.kserve.io/v1alpha1", "ServingRuntime"): KSERVE / "schemas" 
            ("serving.kserve.io/v1beta1", "InferenceService"): KSERVE / "schemas" / "inferenceservice-v1beta1.json"}
 MODELS = "/mnt/models"  # where KServe puts an InferenceService's storageUri
 PORT = 8080  # KServe's default HTTP port
+GRPC_PORT = 8081  # and its gRPC one
 WRITABLE = ("/tmp",)  # all the server writes, under a read-only root (tempfile's default directory)
 
 
@@ -135,13 +136,14 @@ def test_dockerfile_runs_the_server_as_non_root_on_8080_with_its_real_flags():
     (user,) = instruction("USER")
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0  # numeric, so that runAsNonRoot can check it
-    assert instruction("EXPOSE") == [str(PORT)]
+    assert instruction("EXPOSE") == [f"{PORT} {GRPC_PORT}"]
     (health,) = instruction("HEALTHCHECK")
     assert "CMD" in health and f"127.0.0.1:{PORT}/v2/health/ready" in health
     (entrypoint,), (cmd,) = instruction("ENTRYPOINT"), instruction("CMD")
     assert exec_form(entrypoint) == ["python", "-m", "serving.server"]
     cmd = exec_form(cmd)
-    assert cmd == ["--host", "0.0.0.0", "--port", str(PORT), "--repository", MODELS, "--no-playground"]
+    assert cmd == ["--host", "0.0.0.0", "--port", str(PORT), "--grpc-port", str(GRPC_PORT), "--repository", MODELS,
+                   "--no-playground"]
     flags = server_flags()
     assert {a for a in cmd if a.startswith("--")} <= flags
     container = manifest(RUNTIME)["spec"]["containers"][0]
@@ -249,7 +251,9 @@ def test_inference_service_uses_the_runtime_and_the_runtime_the_image():
     args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
     assert args["--host"] == "0.0.0.0" and args["--port"] == str(PORT) and args["--repository"] == MODELS
     assert "--no-playground" in container["args"]  # production: the protocol only
-    assert [p["containerPort"] for p in container["ports"]] == [PORT]
+    assert [p["containerPort"] for p in container["ports"]] == [PORT, GRPC_PORT]
+    assert args["--grpc-port"] == str(GRPC_PORT)
+    assert container["ports"][1]["name"] == "h2c"  # how KServe knows its gRPC port
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["port"] == PORT
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -459,8 +463,9 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         args = exec_form(instruction("ENTRYPOINT")[0])[1:] + exec_form(instruction("CMD")[0])
     else:
         args = ["-m", "serving.server", *manifest(RUNTIME)["spec"]["containers"][0]["args"]]
-    port = _free_port()
-    args = [a.replace(MODELS, str(repo)).replace(str(PORT), str(port)) for a in args]
+    port, grpc_port = _free_port(), _free_port()
+    args = [a.replace(MODELS, str(repo)).replace(str(PORT), str(port)).replace(str(GRPC_PORT), str(grpc_port))
+            for a in args]
     assert str(repo) in " ".join(args) and str(port) in " ".join(args)
     # -S: no site-packages but the image-like one; cwd /app-like: `serving` and nothing else of the project.
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "HOME": str(tmp_path)}
@@ -500,6 +505,12 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
             (out,) = json.loads(r.read())["outputs"]
         assert out["name"] == "y" and out["shape"] == [2, 2]
         np.testing.assert_allclose(np.array(out["data"]).reshape(2, 2), x @ w, rtol=1e-6)
+        # the gRPC port too, served by the serve extra alone: ServerReady's empty request -> ready = true
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
+            assert ready(b"", timeout=10) == b"\x08\x01"
     finally:
         stop_process(proc, timeout=20)
 

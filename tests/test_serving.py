@@ -386,7 +386,7 @@ def test_concurrent_requests_are_batched_and_split_back_correctly(server):
     count = _metric(server.url, 'attnzoo_batch_rows_count{model="ntm.step"}')
     rows = _metric(server.url, 'attnzoo_batch_rows_sum{model="ntm.step"}')
     assert rows == 36 and count < 36  # 36 requests of one row, fewer ONNX Runtime calls
-    assert _metric(server.url, 'attnzoo_requests_total{model="ntm.step",status="200"}') == 36
+    assert _metric(server.url, 'attnzoo_requests_total{model="ntm.step",protocol="rest",status="200"}') == 36
 
 
 def test_benchmark_raw_load_generator_counts_every_answer(server):
@@ -401,7 +401,7 @@ def test_benchmark_raw_load_generator_counts_every_answer(server):
     x = np.random.default_rng(7).integers(-1, 2, (1, TINY["act"]["input_size"])).astype(np.float32)
     good = json.dumps({"inputs": [{"name": "x", "shape": [1, x.shape[1]], "datatype": "FP32",
                                    "data": x.reshape(-1).tolist()}]}).encode()
-    served = 'attnzoo_requests_total{model="act",status="200"}'
+    served = 'attnzoo_requests_total{model="act",protocol="rest",status="200"}'
     before = _metric(server.url, served)
     result = asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", good, 40, 4))
     assert result["errors"] == 0 and result["rps"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
@@ -741,7 +741,7 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
         for _ in range(11):
             np.testing.assert_array_equal(client.infer("ntm", {"x": x})["logits"], first)
         for _ in range(4):  # whichever worker answers counts both workers' requests
-            assert _metric(client.url, 'attnzoo_requests_total{model="ntm",status="200"}') == 12
+            assert _metric(client.url, 'attnzoo_requests_total{model="ntm",protocol="rest",status="200"}') == 12
     finally:
         proc.terminate()
         proc.wait(timeout=30)
