@@ -103,6 +103,11 @@ class Memory:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v if isinstance(v, int) else float(v) for k, v in (values or {}).items() if k in known})
 
+    @classmethod
+    def of_version(cls, meta: dict) -> Memory:
+        """A version's, from its metadata.json (its serving block's memory, else by its arch)."""
+        return cls.of(meta.get("serving", {}).get("memory"), meta.get("arch"))
+
     def as_json(self) -> dict:
         return asdict(self)
 

@@ -27,7 +27,6 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from serving import __version__
-from serving.admission import over_limit
 from serving.base import ServedModel
 from serving.grpc import grpc_service_pb2 as pb
 from serving.protocol import (
@@ -137,8 +136,7 @@ def parse(model: ServedModel, request: pb.ModelInferRequest) -> tuple:
 
 
 def encode(model: ServedModel, outputs: list, request_id: str) -> pb.ModelInferResponse:
-    over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
-               model.limits.output_elements)
+    """The answer (its size already checked against the model's limit by ``Service.handle``)."""
     response = pb.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
     for name, array, datatype in outputs:
         array = np.asarray(array)

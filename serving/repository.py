@@ -81,7 +81,7 @@ class Repository:
                         "existed, or a single graph): only its graphs are served, as %s.<graph>", name, version, name)
         for graph_name, graph in graphs.items():
             part = GraphModel(f"{name}.{graph_name}", version, graph, whole.limits if whole else None)
-            part.memory = whole.memory if whole else Memory.of(meta.get("serving", {}).get("memory"), meta.get("arch"))
+            part.memory = whole.memory if whole else Memory.of_version(meta)
             self._add(part, meta)
 
     def get(self, name: str, version: str | None = None) -> ServedModel:

@@ -494,10 +494,10 @@ class Service:
         self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
         # Requests share what this process may use less what it holds now, its models loaded: the
         # largest admitted request fits beside the server itself (docs/security.md has the measurement).
-        limit = cfg.memory_budget_mb * 2**20 or memory_limit() / max(cfg.workers, 1)
-        self.memory = MemoryPool(max(limit - _rss(), 0.0))
+        limit, held = cfg.memory_budget_mb * 2**20 or memory_limit() / max(cfg.workers, 1), _rss()
+        self.memory = MemoryPool(max(limit - held, 0.0))
         log.info("memory budget for requests: %.0f MiB (limit %.0f MiB less %.0f MiB held)",
-                 self.memory.budget / 2**20, limit / 2**20, _rss() / 2**20)
+                 self.memory.budget / 2**20, limit / 2**20, held / 2**20)
 
     def step_batching(self, model: str, graphs: dict) -> dict:
         """A looping model's graphs, shared across requests: greedy seq2seq decoding runs in one
@@ -571,7 +571,11 @@ class Service:
             async with self.admission.turn(), self.memory.hold(need, deadline):
                 # the loop itself stops at its deadline (504); the grace covers the last step
                 outs = await asyncio.wait_for(self.run_model(model, feeds, params, timeout_s), timeout_s + 5)
-            answer = await self.in_codec(deadline, encode, model, [(n, *outs[n]) for n in wanted], extra)
+            outputs = [(n, *outs[n]) for n in wanted]
+            # the answer's size, known now, within the model's limit before either protocol encodes it
+            over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
+                       model.limits.output_elements)
+            answer = await self.in_codec(deadline, encode, model, outputs, extra)
             status = 200
             return answer
         except RequestError as err:
@@ -630,9 +634,7 @@ class Service:
 
     @staticmethod
     def encode(model: ServedModel, header: dict, outputs: list, as_binary: set, accept: str | None):
-        """The answer's bytes, once its size is known to be within the model's limit."""
-        over_limit("the answer's size in values", sum(int(np.size(a)) for _, a, _ in outputs), "output_elements",
-                   model.limits.output_elements)
+        """The answer's bytes (its size already checked against the model's limit by :meth:`handle`)."""
         return encode_response(header, outputs, as_binary, accept)
 
     @staticmethod

@@ -73,7 +73,7 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
         threads = loop_threads
     graphs = {g: OrtGraph(folder / f"{g}.onnx", provider, threads) for g in meta["graphs"]}
     limits = Limits.of(meta.get("serving", {}).get("limits"))  # versions published before limits: defaults
-    memory = Memory.of(meta.get("serving", {}).get("memory"), meta.get("arch"))  # ... before memory: a default
+    memory = Memory.of_version(meta)  # ... before memory: a default
     kind = kind_of(meta.get("serving", {}), list(graphs))
     if kind == "graph":
         model = GraphModel(name, version, next(iter(graphs.values())), limits)
