@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                          "JSON ({input name: nested list}) or a .json file holding it. Several: one answer each, "
                          "in order, after the input and a tab")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    ap.add_argument("--grpc", metavar="HOST:PORT", default=None,
+                    help="ask the server over gRPC at HOST:PORT (its --grpc-port) instead of REST at --url")
     ap.add_argument("--local", action="store_true",
                     help="no server: load the model from --repository and answer in this process")
     ap.add_argument("--repository", type=Path, default=Path("model_repository"),
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode", choices=("beam", "greedy"), default="beam", help="text models: search")
     ap.add_argument("--attention", action="store_true", help="also print the attention weights")
     args = ap.parse_args(argv)
-    client = LocalClient(args.repository) if args.local else Client(args.url)
+    client = make_client(args)
     several = len(args.input) > 1
     try:
         meta = client.model_metadata(args.model, args.version)
@@ -279,6 +281,19 @@ def main(argv: list[str] | None = None) -> None:
     except ServerError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def make_client(args) -> Client:
+    """The client the command line asks for: in process (--local), gRPC (--grpc) or REST (--url)."""
+    if args.local and args.grpc:
+        raise SystemExit("error: --local answers in this process and --grpc asks a server; give one of them")
+    if args.local:
+        return LocalClient(args.repository)
+    if args.grpc:
+        from serving.grpc_client import GrpcClient  # grpcio: only for --grpc
+
+        return GrpcClient(args.grpc)
+    return Client(args.url)
 
 
 def predict_one(client, meta: dict, args, item: str) -> list[str]:
@@ -421,6 +436,8 @@ def translate_main(argv: list[str] | None = None) -> None:
                     help="where the translations go, line for line (written when all are done)")
     ap.add_argument("--model", default="bahdanau", help="a published translation model (default %(default)s)")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    ap.add_argument("--grpc", metavar="HOST:PORT", default=None,
+                    help="ask the server over gRPC at HOST:PORT (its --grpc-port) instead of REST at --url")
     ap.add_argument("--local", action="store_true", help="no server: run the model from --repository here")
     ap.add_argument("--repository", type=Path, default=Path("model_repository"),
                     help="with --local: the model repository folder (default %(default)s)")
@@ -444,7 +461,7 @@ def translate_main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: --nbest must be at least 1, and above 1 only with --decode beam")
     from tqdm.auto import tqdm
 
-    client = LocalClient(args.repository) if args.local else Client(args.url)
+    client = make_client(args)
     out: list[str] = []
     try:
         with tqdm(total=len(lines), unit="line", desc=f"translate {args.model}", disable=None) as bar:

@@ -426,3 +426,42 @@ def test_grpc_and_rest_requests_share_batched_calls(published, tmp_path, grpccli
     finally:
         log = _stop(srv)
     assert "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.integration
+def test_predict_and_translate_answer_over_grpc_as_over_rest(served, tmp_path):
+    """``attnzoo predict --grpc`` and ``attnzoo translate --grpc`` (serving/grpc_client.py, raw tensors)
+    print what the same commands print over REST: a translation with its attention, an NTM's JSON
+    answer, a file's n-best list. Errors are one line naming the protocol's status, never a trace."""
+    import json
+
+    from tests.serving_repo import TEXTS
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "pipeline.runner.cli"]
+
+    def both(*args: str) -> tuple[str, str]:
+        outs = [subprocess.run(cli + [args[0], *where, *args[1:]], capture_output=True, text=True, env=env, timeout=120)
+                for where in (("--grpc", served.grpc), ("--url", served.url))]
+        assert all(o.returncode == 0 for o in outs), [o.stderr[-2000:] for o in outs]
+        return outs[0].stdout, outs[1].stdout
+
+    grpc_out, rest_out = both("predict", "bahdanau", *TEXTS[:2], "--decode", "greedy", "--attention")
+    assert grpc_out == rest_out and grpc_out.count("\t") == 2
+    grpc_out, rest_out = both("predict", "ntm", json.dumps({"x": [[[0, 1, 0, 1, 0], [1, 1, 0, 0, 1]]]}))
+    assert grpc_out == rest_out and np.array(json.loads(grpc_out)["bits"]).shape == (1, 2, 4)
+    source = tmp_path / "de.txt"
+    source.write_text(f"{TEXTS[0]}\n\n{TEXTS[1]}\n", encoding="utf-8")
+    out = {where: subprocess.run(cli + ["translate", *flag, "-i", str(source), "-o", str(tmp_path / f"{where}.txt"),
+                                        "--model", "bahdanau", "--nbest", "2"],
+                                 capture_output=True, text=True, env=env, timeout=120)
+           for where, flag in (("grpc", ("--grpc", served.grpc)), ("rest", ("--url", served.url)))}
+    assert all(o.returncode == 0 for o in out.values()), {k: o.stderr[-2000:] for k, o in out.items()}
+    lines = (tmp_path / "grpc.txt").read_text(encoding="utf-8")
+    assert lines == (tmp_path / "rest.txt").read_text(encoding="utf-8") and lines.startswith("0 ||| ")
+    for args, status, sentence in ((["--grpc", "127.0.0.1:9", "ntm", "{}"], "UNAVAILABLE", "cannot reach"),
+                                   (["--grpc", served.grpc, "nope", "{}"], "NOT_FOUND", "unknown model 'nope'"),
+                                   (["--grpc", served.grpc, "--local", "ntm", "{}"], None, "give one of them")):
+        out = subprocess.run(cli + ["predict", *args], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode != 0 and sentence in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert status is None or f"gRPC {status}" in out.stderr, out.stderr
