@@ -31,9 +31,10 @@ def percentiles(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(lat, 50) * 1000), float(np.percentile(lat, 99) * 1000)
 
 
-async def load_raw(url: str, body: bytes, requests: int, concurrency: int) -> dict:
+async def load_raw(url: str, body: bytes, requests: int, concurrency: int, headers: dict | None = None) -> dict:
     """The same load from a minimal HTTP/1.1 client: one keep-alive connection per concurrent caller,
     the request bytes built once, responses read by Content-Length (what `wrk` does, in Python).
+    ``headers``: the request's (default: JSON's Content-Type).
 
     On a 2-core box the load generator shares the CPU with the server; this one spends a fraction
     of aiohttp's time per request, so more of what is measured is the server.
@@ -41,7 +42,8 @@ async def load_raw(url: str, body: bytes, requests: int, concurrency: int) -> di
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+    fields = "".join(f"{k}: {v}\r\n" for k, v in (headers or {"Content-Type": "application/json"}).items())
+    head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{fields}"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     message = head + body
     lat: list[float] = []
