@@ -1,5 +1,5 @@
 """NVIDIA's tritonclient.grpc against `attnzoo serve --grpc-port` on a published repository (not a
-test: a check of real models): every served whole model whose task has a sample input in
+test: a check of real models): the newest version of every served whole model whose task has a sample input in
 examples/ (``examples/<task>.json``; text models: one German sentence) is asked over gRPC and over
 REST, and the answers must be equal, integers and text exactly, floats within 1e-6.
 
@@ -37,9 +37,9 @@ def _ports() -> list[int]:
     return ports
 
 
-def request(repo: Path, client: Client, name: str) -> tuple[dict, dict] | None:
+def request(repo: Path, client: Client, name: str, version: int) -> tuple[dict, dict] | None:
     """(inputs, parameters) of ``name``'s sample request, or None when examples/ has none for its task."""
-    declared = {i["name"]: i["datatype"] for i in client.model_metadata(name)["inputs"]}
+    declared = {i["name"]: i["datatype"] for i in client.model_metadata(name, version)["inputs"]}
     if list(declared) == ["text"]:
         return {"text": np.array([SENTENCE], dtype=object)}, {"decode": "greedy"}
     base = name.split(".")[0].removesuffix("-int8")
@@ -68,9 +68,11 @@ def check(repo: Path, rest: Client, target: str) -> int:
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
     triton, bad = grpcclient.InferenceServerClient(url=target), 0
-    names = sorted({m["name"] for m in rest.call("POST", "/v2/repository/index", {})})
-    for name in names:
-        sample = request(repo, rest, name)
+    newest: dict[str, int] = {}  # each model's newest version, asked for by number (promoted or not)
+    for entry in rest.call("POST", "/v2/repository/index", {}):
+        newest[entry["name"]] = max(newest.get(entry["name"], 0), int(entry["version"]))
+    for name, version in sorted(newest.items()):
+        sample = request(repo, rest, name, version)
         if sample is None:
             continue
         inputs, params = sample
@@ -79,11 +81,11 @@ def check(repo: Path, rest: Client, target: str) -> int:
             tensors.append(grpcclient.InferInput(key, list(array.shape), np_to_triton_dtype(array.dtype)))
             tensors[-1].set_data_from_numpy(array)
         try:
-            result = triton.infer(name, tensors, parameters=params or None, client_timeout=120)
+            result = triton.infer(name, tensors, str(version), parameters=params or None, client_timeout=120)
         except InferenceServerException as err:
             result = err
         try:
-            want = rest.infer(name, inputs, parameters=params or None)
+            want = rest.infer(name, inputs, version, parameters=params or None)
         except ServerError as err:  # the sample does not fit this model: both must refuse it alike
             refused = isinstance(result, InferenceServerException) and result.message() == str(err).split(": ", 1)[1]
             bad += not refused
@@ -92,7 +94,8 @@ def check(repo: Path, rest: Client, target: str) -> int:
         differ = list(want) if isinstance(result, InferenceServerException) else \
             [o for o in want if not same(result.as_numpy(o), want[o])]
         bad += bool(differ)
-        print(f"{name}: {len(want)} outputs, {'equal' if not differ else 'DIFFER: ' + ', '.join(differ)}")
+        print(f"{name} version {version}: {len(want)} outputs, "
+              f"{'equal' if not differ else 'DIFFER: ' + ', '.join(differ)}")
     triton.close()
     return bad
 
