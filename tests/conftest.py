@@ -34,6 +34,34 @@ def pytest_runtest_setup(item):
     RUNNING["test"] = item.nodeid
 
 
+# ATTNZOO_TEST_CPU_LOG=FILE: one JSON line per test with its wall seconds and the CPU seconds of this
+# process and of the child processes it waited for (servers, stages), to see where the suite's time
+# goes and how much of it waits rather than computes.
+CPU_LOG = os.environ.get("ATTNZOO_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    wall, (own, kids) = time.perf_counter(), cpu()
+    yield
+    own_after, kids_after = cpu()
+    with open(CPU_LOG, "a") as log:
+        log.write(json.dumps({"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 2),
+                              "cpu_s": round(own_after - own, 2), "children_cpu_s": round(kids_after - kids, 2)})
+                  + "\n")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fast_lane_starts_nothing():
     """Session-wide, so a module's or the session's fixtures (a server, a published repository) are held
