@@ -173,12 +173,12 @@ class Handlers:
         return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
                                         **tensors)
 
-    def repository_index(self, _request, _context):
-        """Every served version is loaded, hence READY whatever ``ready`` asks (as over REST)."""
-        repo = self.service.repo
+    def repository_index(self, request, _context):
+        """Every version's state and reason, as over REST (``ready``: the READY ones only)."""
         return pb.RepositoryIndexResponse(models=[
-            pb.RepositoryIndexResponse.ModelIndex(name=name, version=str(v), state="READY")
-            for name in sorted(repo.models) for v in repo.versions(name)])
+            pb.RepositoryIndexResponse.ModelIndex(name=e["name"], version=e["version"], state=e["state"],
+                                                  reason=e.get("reason", ""))
+            for e in self.service.repo.index() if not request.ready or e["state"] == "READY"])
 
     async def model_infer(self, request, context):
         """Within the service's --timeout-s and the call's own deadline, whichever comes first."""
