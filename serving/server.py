@@ -219,17 +219,15 @@ class RepositoryIndexRequest(BaseModel):
 
 
 class RepositoryControlRequest(BaseModel):
-    """A load or unload body: Triton's parameters (a config or files to load with) are not taken."""
+    """A load or unload body (its parameters: :data:`CONTROL_PARAMETERS`)."""
     model_config = {"extra": "forbid"}
     parameters: dict[str, Any] | None = None
 
-    @classmethod
-    def model_validate_json(cls, raw, **kw):
-        request = super().model_validate_json(raw, **kw)
-        if request.parameters:
-            raise RequestError(f"parameters {sorted(request.parameters)[:5]} are not taken: a model loads as "
-                               "publish wrote it")
-        return request
+
+# The parameters a load or unload takes: Triton's unload_dependents (tritonclient sends it; no model
+# here depends on another). Triton's config and file parameters are refused: a model loads as
+# publish wrote it.
+CONTROL_PARAMETERS = ("unload_dependents",)
 
 
 class RepositoryIndexEntry(BaseModel):
@@ -593,9 +591,13 @@ class Service:
             if state == "UNAVAILABLE":
                 repo.errors[f"{name}/{version}"] = why
 
-    async def control(self, action: str, name: str) -> None:
+    async def control(self, action: str, name: str, parameters: dict | None = None) -> None:
         """POST /v2/repository/models/{name}/load|unload (and gRPC's RepositoryModelLoad|Unload): the
         work runs in a thread, the event loop answering other requests meanwhile."""
+        unknown = sorted(set(parameters or {}) - set(CONTROL_PARAMETERS))
+        if unknown:
+            raise RequestError(f"parameters {unknown[:5]} are not taken (only {', '.join(CONTROL_PARAMETERS)}): a "
+                               "model loads as publish wrote it")
         mode = self.cfg.model_control
         if mode != "explicit":
             raise RequestError(f"explicit model {action} is not allowed under --model-control {mode}; start the "
@@ -840,16 +842,16 @@ def _add_server_routes(app: FastAPI, service: Service) -> None:
     async def load_model(name: str, request: Request):
         """Triton's model load (--model-control explicit): every version of the model folder not
         served yet is loaded; answers when done."""
-        _control_body(await request.body(), RepositoryControlRequest, "model load")
-        await service.control("load", name)
+        body = _control_body(await request.body(), RepositoryControlRequest, "model load")
+        await service.control("load", name, body.parameters)
         return {}
 
     @app.post("/v2/repository/models/{name}/unload", responses=ERRORS)
     async def unload_model(name: str, request: Request):
         """Triton's model unload (--model-control explicit): new requests get 404 at once; those
         already admitted finish on the version."""
-        _control_body(await request.body(), RepositoryControlRequest, "model unload")
-        await service.control("unload", name)
+        body = _control_body(await request.body(), RepositoryControlRequest, "model unload")
+        await service.control("unload", name, body.parameters)
         return {}
 
     @app.get("/v2/health/live", response_model=Live)

@@ -101,7 +101,8 @@ def test_unload_drains_in_flight_requests_then_load_serves_again(published, tmp_
     """Explicit control: a long NTM request (32 rows x 2000 steps) admitted before its model is
     unloaded finishes 200 after the unload returned; new requests on the model and on its graphs
     are 404 at once; the index shows every one of its names UNAVAILABLE ("unloaded"); load brings
-    them back READY and answering. Load and unload on a graph name are 404 naming the model."""
+    them back READY and answering. Load on a graph name is 404 naming the model, with Triton's "config"
+parameter 400."""
     with serve(published, tmp_path, "--model-control", "explicit", "--load-model", "ntm") as (url, _):
         long = {}
 
@@ -125,6 +126,8 @@ def test_unload_drains_in_flight_requests_then_load_serves_again(published, tmp_
         assert long["done"] > unloaded, "the long request ended before the unload: it proved no drain"
         status, answer = call(url, "/v2/repository/models/ntm.step/load", {})
         assert status == 404 and "load 'ntm'" in answer["error"], answer
+        status, answer = call(url, "/v2/repository/models/ntm/load", {"parameters": {"config": "{}"}})
+        assert status == 400 and "['config'] are not taken" in answer["error"], answer
         assert call(url, "/v2/repository/models/ntm/load", {}) == (200, {})
         assert {e["state"] for e in index(url).values()} == {"READY"} and len(index(url)) == 6
         status, answer = call(url, "/v2/models/ntm/versions/1/infer", ntm_body())
@@ -195,3 +198,35 @@ def test_poll_serves_a_new_version_within_two_periods_losing_no_request(publishe
                 t.join(30)
         assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
         print(f"version 3 answered {took:.2f} s after its folder appeared; {len(statuses)} requests, all 200")
+
+
+def test_grpc_load_unload_and_index_states_through_tritonclient(published, tmp_path):
+    """gRPC (tritonclient.grpc, as Triton's users call it): unload_model takes ntm and its graphs out
+    (ModelReady NOT_FOUND, the index UNAVAILABLE "unloaded", as over REST), load_model brings them
+    back READY; a graph's name is NOT_FOUND, Triton's load "config" parameter INVALID_ARGUMENT."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    grpc_port = _free_port()
+    with serve(published, tmp_path, "--model-control", "explicit", "--load-model", "ntm",
+               "--grpc-port", str(grpc_port)) as (url, _):
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{grpc_port}")
+        try:
+            client.unload_model("ntm")
+            models = client.get_model_repository_index(as_json=True)["models"]
+            assert len(models) == 6 and {(m["state"], m["reason"]) for m in models} == {("UNAVAILABLE", "unloaded")}
+            assert {(m["name"], m["version"]) for m in models} == set(index(url)), (models, index(url))
+            with pytest.raises(InferenceServerException, match="not served") as err:
+                client.is_model_ready("ntm")
+            assert err.value.status() == "StatusCode.NOT_FOUND"
+            for bad, code in ((lambda: client.load_model("ntm.step"), "NOT_FOUND"),
+                              (lambda: client.load_model("ntm", config="{}"), "INVALID_ARGUMENT")):
+                with pytest.raises(InferenceServerException) as err:
+                    bad()
+                assert err.value.status() == f"StatusCode.{code}", err.value
+            client.load_model("ntm")
+            models = client.get_model_repository_index(as_json=True)["models"]
+            assert len(models) == 6 and {m["state"] for m in models} == {"READY"}, models
+            assert client.is_model_ready("ntm", "2") and client.is_model_ready("ntm.step", "1")
+        finally:
+            client.close()
