@@ -130,6 +130,7 @@ class Repository:
         self.sizes = {**self.sizes, (name, version): size}  # a new dict: loaded_bytes may be summing the old one
         self._state((name, version), None)
         self.failed.pop((name, version), None)
+        self.errors.pop(f"{name}/{version}", None)  # refused at start-up, served now
         return True
 
     def unload_one(self, name: str, version: int, reason: str) -> list[ServedModel]:
@@ -186,6 +187,7 @@ class Repository:
             for key in [k for k in self.states if k not in disk and k not in self.parts]:
                 self._state(key, None)  # refused or unloaded, and gone: nothing to report any more
                 self.names = {k: v for k, v in self.names.items() if k != key}
+                self.errors.pop(f"{key[0]}/{key[1]}", None)
                 self.failed.pop(key, None)
             for key, folder in disk.items():
                 if key in self.parts or not (folder / "metadata.json").is_file():

@@ -348,8 +348,8 @@ class Guard:
     """ASGI middleware: what a web page in the user's browser must not do, refused before any work.
     A Host outside the allow-list is 400 (DNS rebinding: a page whose name now points at this
     server), an ``Origin`` that is not the server's own is 403 (a page elsewhere posting here; the
-    server's own playground and command-line clients pass), and infer with a Content-Type a page may
-    send without asking (text/plain, forms) is 415."""
+    server's own playground and command-line clients pass), and infer, load or unload with a
+    Content-Type a page may send without asking (text/plain, forms) is 415."""
 
     def __init__(self, app, hosts: frozenset[str] | None):
         self.app, self.hosts = app, hosts
@@ -374,12 +374,13 @@ class Guard:
             if netloc is None or netloc.lower() != host.lower():
                 return error(403, f"cross-origin requests are refused: Origin {text[:80]!r} is not this server's "
                                   "own; call the API from a server-side client or from this server's pages")
-        if scope["method"] == "POST" and scope["path"].endswith("/infer"):
+        action = scope["path"].rsplit("/", 1)[-1]
+        if scope["method"] == "POST" and action in ("infer", "load", "unload"):  # what changes or costs something
             kind = headers.get(b"content-type")
             media = kind.decode("latin-1").split(";", 1)[0].strip().lower() if kind is not None else None
             if media is not None and media not in INFER_TYPES:
-                return error(415, f"infer takes Content-Type application/json or application/octet-stream (binary "
-                                  f"tensor data), got {media[:60]!r}")
+                return error(415, f"{action} takes Content-Type application/json or application/octet-stream, got "
+                                  f"{media[:60]!r}")
         return None
 
 

@@ -35,9 +35,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def call(url: str, path: str, body=None, method: str = "POST") -> tuple[int, object]:
+def call(url: str, path: str, body=None, method: str = "POST", **headers: str) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **{k.replace("_", "-"): v for k, v in headers.items()}}
+    req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -102,7 +103,7 @@ def test_unload_drains_in_flight_requests_then_load_serves_again(published, tmp_
     unloaded finishes 200 after the unload returned; new requests on the model and on its graphs
     are 404 at once; the index shows every one of its names UNAVAILABLE ("unloaded"); load brings
     them back READY and answering. Load on a graph name is 404 naming the model, with Triton's "config"
-parameter 400."""
+parameter 400; a foreign Origin is 403 and a form's Content-Type 415, as for infer."""
     with serve(published, tmp_path, "--model-control", "explicit", "--load-model", "ntm") as (url, _):
         long = {}
 
@@ -110,6 +111,9 @@ parameter 400."""
             long["status"], answer = call(url, "/v2/models/ntm/versions/1/infer", ntm_body(32, 2000))
             long["done"], long["shape"] = time.monotonic(), answer.get("outputs", [{}])[0].get("shape")
 
+        # what a web page could send: a foreign Origin (403), a form's Content-Type (415); nothing unloaded
+        assert call(url, "/v2/repository/models/ntm/unload", {}, Origin="http://elsewhere.example")[0] == 403
+        assert call(url, "/v2/repository/models/ntm/unload", {}, Content_Type="text/plain")[0] == 415
         thread = threading.Thread(target=long_request)
         thread.start()
         time.sleep(0.6)  # admitted: the request is read and its model taken in well under this
