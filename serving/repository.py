@@ -69,7 +69,7 @@ class Repository:
         self.parts: dict[tuple[str, int], list[str]] = {}  # (model folder, version) -> the names it serves
         self.names: dict[tuple[str, int], list[str]] = {}  # ... or served, once unloaded (for the index)
         self.sizes: dict[tuple[str, int], int] = {}  # a served version -> its files' bytes
-        self.failed: dict[tuple[str, int], float] = {}  # a refused version -> its files' newest mtime then
+        self.failed: dict[tuple[str, int], float] = {}  # a refused version -> its newest ctime then
         self.providers: set[str] = set()
         self.lock = threading.Lock()
         if load_all:
@@ -105,7 +105,7 @@ class Repository:
         except Exception as err:  # one broken version must not take the others down
             why = f"{type(err).__name__}: {err}"
             self._state((name, version), ("UNAVAILABLE", why))
-            self.failed[(name, version)] = _newest_mtime(folder)
+            self.failed[(name, version)] = _newest_change(folder)
             log.error("could not load %s version %s: %s", name, version, why)
             return False
         self.providers.update(g.provider for g in graphs.values())
@@ -192,7 +192,7 @@ class Repository:
             for key, folder in disk.items():
                 if key in self.parts or not (folder / "metadata.json").is_file():
                     continue  # served, or still being copied in by hand (publish renames a whole folder)
-                if key in self.failed and self.failed[key] == _newest_mtime(folder):
+                if key in self.failed and self.failed[key] == _newest_change(folder):
                     continue
                 self.load_one(*key, folder)
             return removed
@@ -236,10 +236,11 @@ class Repository:
         return sorted(self.models.get(name, {}))
 
 
-def _newest_mtime(folder: Path) -> float:
-    """The newest modification time among a version folder's files: a refused version is retried
-    when this changes (its files were replaced)."""
+def _newest_change(folder: Path) -> float:
+    """The newest status change (ctime) of a version folder and its files: a refused version is
+    retried when this changes (a file written, or the folder replaced; a copy cannot keep a ctime,
+    as ``shutil.copy2`` keeps mtimes)."""
     try:
-        return max((p.stat().st_mtime for p in folder.rglob("*")), default=folder.stat().st_mtime)
+        return max([folder.stat().st_ctime, *(p.stat().st_ctime for p in folder.rglob("*"))])
     except OSError:
         return 0.0
