@@ -69,6 +69,7 @@ class Repository:
         self.parts: dict[tuple[str, int], list[str]] = {}  # (model folder, version) -> the names it serves
         self.names: dict[tuple[str, int], list[str]] = {}  # ... or served, once unloaded (for the index)
         self.sizes: dict[tuple[str, int], int] = {}  # a served version -> its files' bytes
+        self.batchers: dict[tuple[str, int], list] = {}  # a served version -> its step batchers
         self.failed: dict[tuple[str, int], float] = {}  # a refused version -> its newest ctime then
         self.providers: set[str] = set()
         self.lock = threading.Lock()
@@ -100,9 +101,18 @@ class Repository:
         being answered meanwhile). False when it is refused: its state is then UNAVAILABLE with why."""
         provider, threads, wrap, loop_threads = self.options
         self._state((name, version), ("LOADING", ""))
+        batchers = []  # what wrap made: their threads end when the version is unloaded
+
+        def wrapped(model: str, graphs: dict) -> dict:
+            made = wrap(model, graphs)
+            batchers.extend(made.values())
+            return made
+
         try:
-            whole, graphs, meta = load_version(name, version, folder, provider, threads, wrap, loop_threads)
+            whole, graphs, meta = load_version(name, version, folder, provider, threads, wrap and wrapped,
+                                               loop_threads)
         except Exception as err:  # one broken version must not take the others down
+            _close(batchers)
             why = f"{type(err).__name__}: {err}"
             self._state((name, version), ("UNAVAILABLE", why))
             self.failed[(name, version)] = _newest_change(folder)
@@ -125,6 +135,7 @@ class Repository:
         # A reader between these two sees the version without its metadata: served only when asked by number.
         self.models, self.metas = models, metas
         self.parts[(name, version)] = [m.name for m in added]
+        self.batchers[(name, version)] = batchers
         self.names = {**self.names, (name, version): self.parts[(name, version)]}
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         self.sizes = {**self.sizes, (name, version): size}  # a new dict: loaded_bytes may be summing the old one
@@ -138,6 +149,7 @@ class Repository:
         requests that already hold it finish on it. Returns what was removed."""
         names = self.parts.pop((name, version), [])
         self.sizes = {k: v for k, v in self.sizes.items() if k != (name, version)}
+        _close(self.batchers.pop((name, version), []))  # requests still decoding on it go on without them
         removed = [self.models[n][version] for n in names if version in self.models.get(n, {})]
         models = {n: {v: m for v, m in vs.items() if not (n in names and v == version)}
                   for n, vs in self.models.items()}
@@ -234,6 +246,12 @@ class Repository:
 
     def versions(self, name: str) -> list[int]:
         return sorted(self.models.get(name, {}))
+
+
+def _close(batchers: list) -> None:
+    for batcher in batchers:
+        if hasattr(batcher, "close"):
+            batcher.close()
 
 
 def _newest_change(folder: Path) -> float:

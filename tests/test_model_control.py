@@ -234,3 +234,29 @@ def test_grpc_load_unload_and_index_states_through_tritonclient(published, tmp_p
             assert client.is_model_ready("ntm", "2") and client.is_model_ready("ntm.step", "1")
         finally:
             client.close()
+
+
+def test_unload_ends_the_versions_step_batcher_threads_and_held_models_still_answer(published, tmp_path):
+    """In process: a version's step batchers (one runner thread per looping graph) end when it is
+    unloaded, so loading and unloading leaks no thread nor session; a model taken before the unload
+    (a request in flight) still answers, its graph calls made in its own thread."""
+    from serving.server import ServeConfig, Service
+
+    shutil.copytree(published.repo / "ntm", tmp_path / "ntm")
+
+    def runners() -> int:
+        return sum(t.name.startswith(("steps-", "greedy-")) and t.is_alive() for t in threading.enumerate())
+
+    before = runners()
+    service = Service(ServeConfig(repository=str(tmp_path), model_control="explicit", load_model=["ntm"]))
+    try:
+        assert runners() - before == 4, threading.enumerate()  # ntm's init and step graphs, versions 1 and 2
+        held = service.repo.get("ntm", "2")
+        x = np.random.default_rng(0).random((2, 4, 5)).astype(np.float32)
+        expected = held.infer({"x": x}, {})["logits"][0]
+        service.repo.unload("ntm")
+        assert wait_for(lambda: runners() == before, 5.0), threading.enumerate()
+        np.testing.assert_array_equal(held.infer({"x": x}, {})["logits"][0], expected)
+    finally:
+        service.executor.shutdown()
+        service.codec.shutdown()
