@@ -168,7 +168,8 @@ LOAD_S = 1.0  # the load before the new version appears and after it answered (e
 def test_poll_serves_a_new_version_within_two_periods_losing_no_request(published, tmp_path):
     """Poll control: a version published while two clients keep asking version 1 answers within two
     poll periods (and becomes the default, as publish promoted it), then is unloaded within two
-    periods once its folder is taken away; not one of the clients' requests fails. The load runs
+    periods once its folder is taken away; not one of the clients' requests fails, each is counted in
+/metrics, and the memory budget shrinks by the version's files while it is served. The load runs
     LOAD_S before the publish, through the load and unload, and LOAD_S after (not the 60 s of a
     soak: every request across both swaps is checked, which is what the length would add)."""
     with serve(published, tmp_path, "--model-control", "poll", "--repository-poll-s", str(POLL_S)) as (url, repo):
@@ -183,6 +184,7 @@ def test_poll_serves_a_new_version_within_two_periods_losing_no_request(publishe
         threads = [threading.Thread(target=client) for _ in range(2)]
         for t in threads:
             t.start()
+        budget = call(url, "/v2/models/ntm", method="GET")[1]["parameters"]["memory_budget_bytes"]
         try:
             time.sleep(LOAD_S)
             published_at = time.monotonic()
@@ -191,6 +193,9 @@ def test_poll_serves_a_new_version_within_two_periods_losing_no_request(publishe
             took = time.monotonic() - published_at
             status, answer = call(url, "/v2/models/ntm/infer", ntm_body())
             assert status == 200 and answer["model_version"] == "3", answer
+            size = sum(p.stat().st_size for p in (repo / "ntm" / "3").rglob("*") if p.is_file())
+            after = call(url, "/v2/models/ntm/versions/3", method="GET")[1]["parameters"]["memory_budget_bytes"]
+            assert abs(budget - size - after) <= 1, (budget, size, after)  # the budget makes room for the version
             (repo / "ntm" / "3").rename(repo / "ntm" / ".removed")
             assert wait_for(lambda: call(url, "/v2/models/ntm/versions/3/ready", method="GET")[0] == 404,
                             2 * POLL_S)
@@ -201,6 +206,12 @@ def test_poll_serves_a_new_version_within_two_periods_losing_no_request(publishe
             for t in threads:
                 t.join(30)
         assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        assert call(url, "/v2/models/ntm", method="GET")[1]["parameters"]["memory_budget_bytes"] == budget
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            metrics = resp.read().decode()
+        counted = [line for line in metrics.splitlines()
+                   if line.startswith('attnzoo_requests_total{model="ntm",protocol="rest",status="200"}')]
+        assert counted and float(counted[0].split()[-1]) >= len(statuses), counted
         print(f"version 3 answered {took:.2f} s after its folder appeared; {len(statuses)} requests, all 200")
 
 
