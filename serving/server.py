@@ -567,6 +567,7 @@ class Service:
                                  registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
+        self.retiring: set[asyncio.Task] = set()  # batchers of unloaded versions, waiting for their requests
         # Requests share what this process may use less what it holds now, its models loaded: the
         # largest admitted request fits beside the server itself (docs/security.md has the measurement).
         limit, held = cfg.memory_budget_mb * 2**20 or memory_limit() / max(cfg.workers, 1), _rss()
@@ -633,8 +634,10 @@ class Service:
         and the memory budget follows what the loaded versions hold."""
         for model in removed:
             batcher = self.batchers.pop((model.name, model.version), None)
-            if batcher is not None:
-                asyncio.get_running_loop().create_task(retire(batcher))
+            if batcher is not None:  # the loop keeps only a weak reference to a task: hold it until done
+                task = asyncio.get_running_loop().create_task(retire(batcher))
+                self.retiring.add(task)
+                task.add_done_callback(self.retiring.discard)
         self.memory.budget = max(self.memory_base - (self.repo.loaded_bytes() - self.loaded_at_start), 0.0)
 
     def step_batching(self, model: str, graphs: dict) -> dict:

@@ -249,8 +249,12 @@ def test_grpc_load_unload_and_index_states_through_tritonclient(published, tmp_p
 
 def test_unload_ends_the_versions_step_batcher_threads_and_held_models_still_answer(published, tmp_path):
     """In process: a version's step batchers (one runner thread per looping graph) end when it is
-    unloaded, so loading and unloading leaks no thread nor session; a model taken before the unload
-    (a request in flight) still answers, its graph calls made in its own thread."""
+    unloaded, and its graphs' request batchers (``ntm.step``) are dropped and their tasks end, so
+    loading and unloading leaks no thread, task nor session; a model taken before the unload (a
+    request in flight) still answers, its graph calls made in its own thread."""
+    import asyncio
+
+    from serving.protocol import DATATYPES
     from serving.server import ServeConfig, Service
 
     shutil.copytree(published.repo / "ntm", tmp_path / "ntm")
@@ -265,7 +269,18 @@ def test_unload_ends_the_versions_step_batcher_threads_and_held_models_still_ans
         held = service.repo.get("ntm", "2")
         x = np.random.default_rng(0).random((2, 4, 5)).astype(np.float32)
         expected = held.infer({"x": x}, {})["logits"][0]
-        service.repo.unload("ntm")
+        step = service.repo.get("ntm.step", "2")
+        feeds = {i.name: np.zeros([1 if d == -1 else d for d in i.shape], DATATYPES[i.datatype]) for i in step.inputs}
+
+        async def unload_after_a_batched_call():
+            await service.run_model(step, feeds, {})  # makes ntm.step's DynamicBatcher
+            batcher = service.batchers[("ntm.step", 2)]
+            service.after_change(await asyncio.to_thread(service.repo.unload, "ntm"))
+            assert ("ntm.step", 2) not in service.batchers
+            await asyncio.wait_for(asyncio.gather(*service.retiring), 5)
+            return batcher
+
+        assert asyncio.run(unload_after_a_batched_call()).worker.cancelled()
         assert wait_for(lambda: runners() == before, 5.0), threading.enumerate()
         np.testing.assert_array_equal(held.infer({"x": x}, {})["logits"][0], expected)
     finally:
