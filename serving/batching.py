@@ -149,6 +149,7 @@ class StepBatcher:
         self.pending: list[_Call] = []
         self.busy = False  # a graph call is running (the runner's, or a lone caller's own)
         self.last = 0  # calls in the previous batch
+        self.closed = False  # its version was unloaded: the runner ends once idle, later calls run alone
         if thread:
             threading.Thread(target=self._serve, daemon=True, name=f"steps-{Path(graph.path).stem}").start()
 
@@ -163,12 +164,15 @@ class StepBatcher:
         check_deadline()  # a request past its deadline stops here, at its next step
         call = _Call({n: np.asarray(feeds[n]) for n in self.graph.input_names if n in feeds})
         with self.cond:
-            alone = not self.pending and not self.busy
+            direct = self.closed
+            alone = not direct and not self.pending and not self.busy
             if alone:
                 self.busy = True
-            else:
+            elif not direct:
                 self.pending.append(call)
                 self.cond.notify_all()
+        if direct:  # closed: the runner may be gone; sessions take concurrent calls
+            return self.graph(call.feeds)
         if alone:  # nothing to share with: run it in this thread, without a hand-over to the runner
             try:
                 return self.graph(call.feeds)
@@ -181,10 +185,21 @@ class StepBatcher:
             raise call.error
         return call.result
 
+    def close(self) -> None:
+        """Its version is unloaded: calls queued are still answered, then the runner thread ends;
+        a request still decoding calls the graph in its own thread from then on."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.greedy is not None:
+            self.greedy.close()
+
     def _serve(self) -> None:
         while True:
             with self.cond:
                 while not self.pending or self.busy:
+                    if self.closed and not self.pending:
+                        return
                     self.cond.wait()
                 until = time.monotonic() + self.max_delay_s
                 while len(self.pending) < self.last and (left := until - time.monotonic()) > 0:
@@ -342,7 +357,14 @@ class GreedyScheduler:
         self.queue: list[_Job] = []
         self.active = 0  # rows in the running batch
         self.lone = False  # a request decoding in its own thread (nothing else was running)
+        self.closed = False  # its version was unloaded: the thread ends once its batch is done
         threading.Thread(target=self._serve, daemon=True, name=f"greedy-{Path(step.path).parent.name}").start()
+
+    def close(self) -> None:
+        """Its version is unloaded: the rows queued and decoding finish, then the thread ends."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
 
     @staticmethod
     def eligible(step) -> bool:
@@ -356,21 +378,23 @@ class GreedyScheduler:
     def __call__(self, feeds: dict[str, np.ndarray], bos: int, eos: int, max_len: int, pad: int) -> dict:
         check_deadline()
         with self.cond:
-            alone = not self.queue and not self.active and not self.lone
+            direct = self.closed  # the decoding thread may be gone: decode here
+            alone = not direct and not self.queue and not self.active and not self.lone
             if alone:
                 self.lone = True
-            else:  # made here, in the request's thread: the job keeps that thread's deadline
+            elif not direct:  # made here, in the request's thread: the job keeps that thread's deadline
                 job = _Job(feeds, bos, eos, max_len, pad)
                 self.queue.append(job)
                 self.cond.notify()
-        if alone:  # nothing to share with: the plain loop in this thread, without a hand-over
+        if alone or direct:  # nothing to share with: the plain loop in this thread, without a hand-over
             from serving.decode import greedy
 
             try:
                 return greedy(self.encoder, self.step, feeds, None, bos, eos, max_len, pad)
             finally:
-                with self.cond:
-                    self.lone = False
+                if alone:
+                    with self.cond:
+                        self.lone = False
         wait_for(job.done)
         if job.error is not None:
             raise job.error
@@ -382,6 +406,8 @@ class GreedyScheduler:
         while True:
             with self.cond:
                 while not self.queue and not batch.owners:
+                    if self.closed:
+                        return
                     self.cond.wait()
                 room = self.max_rows - len(batch.owners)
                 joiners = []

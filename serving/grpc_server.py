@@ -7,7 +7,8 @@ is turned into the REST request it stands for (its tensors as binary tensor data
 serving.protocol, so its errors are the same sentences; their HTTP statuses map to gRPC codes as
 Triton maps its errors (:data:`CODES`). Methods: ServerLive, ServerReady, ModelReady, ServerMetadata,
 ModelMetadata, ModelInfer (typed contents or raw_input_contents; answers in raw_output_contents,
-as Triton does) and Triton's RepositoryIndex; the others answer UNIMPLEMENTED.
+as Triton does) and Triton's RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload
+(``--model-control explicit``); the others answer UNIMPLEMENTED.
 
 The message classes are generated from serving/grpc/grpc_service.proto and shipped (see that file).
 Requests arrive as bytes and are parsed here: a message that is not one is INVALID_ARGUMENT, where
@@ -173,12 +174,21 @@ class Handlers:
         return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
                                         **tensors)
 
-    def repository_index(self, _request, _context):
-        """Every served version is loaded, hence READY whatever ``ready`` asks (as over REST)."""
-        repo = self.service.repo
+    def repository_index(self, request, _context):
+        """Every version's state and reason, as over REST (``ready``: the READY ones only)."""
         return pb.RepositoryIndexResponse(models=[
-            pb.RepositoryIndexResponse.ModelIndex(name=name, version=str(v), state="READY")
-            for name in sorted(repo.models) for v in repo.versions(name)])
+            pb.RepositoryIndexResponse.ModelIndex(name=e["name"], version=e["version"], state=e["state"],
+                                                  reason=e.get("reason", ""))
+            for e in self.service.repo.index() if not request.ready or e["state"] == "READY"])
+
+    async def model_load(self, request, _context):
+        """As ``POST /v2/repository/models/{name}/load``: the same checks, sentences and statuses."""
+        await self.service.control("load", request.model_name, dict(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def model_unload(self, request, _context):
+        await self.service.control("unload", request.model_name, dict(request.parameters))
+        return pb.RepositoryModelUnloadResponse()
 
     async def model_infer(self, request, context):
         """Within the service's --timeout-s and the call's own deadline, whichever comes first."""
@@ -197,6 +207,8 @@ METHODS = {  # method -> (request message, handler name)
     "ServerMetadata": (pb.ServerMetadataRequest, "server_metadata"),
     "ModelMetadata": (pb.ModelMetadataRequest, "model_metadata"), "ModelInfer": (pb.ModelInferRequest, "model_infer"),
     "RepositoryIndex": (pb.RepositoryIndexRequest, "repository_index"),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, "model_load"),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, "model_unload"),
 }
 
 

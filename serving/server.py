@@ -4,7 +4,8 @@
 CUDA execution provider when a GPU is visible, CPU otherwise; the choice is logged at start-up.
 Endpoints: ``GET /v2``, ``/v2/health/{live,ready}``, ``/v2/models/{name}[/versions/{v}][/ready]``,
 ``POST /v2/models/{name}[/versions/{v}]/infer``, ``POST /v2/repository/index`` (Triton's model
-repository extension: the served models), Prometheus ``/metrics``, ``/openapi.json``; the
+repository extension: every version's state) and ``POST /v2/repository/models/{name}/load|unload``
+(``--model-control explicit``), Prometheus ``/metrics``, ``/openapi.json``; the
 playground page at ``/`` (``serving/playground/``, off with ``--no-playground``), which calls only
 these endpoints.
 """
@@ -21,7 +22,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,15 @@ class ServeConfig:
     # the KServe pod's 4 GiB. Requests get it less what the server holds once its models are loaded
     # (measured then, not guessed): a request whose estimate exceeds that is 413 before it runs.
     memory_budget_mb: float = 0.0
+    # none: every version loaded at start-up, nothing changes while serving; poll: the repository is
+    # re-scanned every --repository-poll-s (versions added and removed follow); explicit: only
+    # --load-model at start, then POST /v2/repository/models/{name}/load and /unload (Triton's modes).
+    model_control: str = "none"
+    repository_poll_s: float = 5.0
+    load_model: list[str] = field(default_factory=list)
+
+
+MODEL_CONTROL = ("none", "poll", "explicit")
 
 
 # `attnzoo serve --help`, one line per ServeConfig field (the defaults are appended from the dataclass).
@@ -139,6 +150,12 @@ HELP = {
                      "localhost; any when bound to 0.0.0.0 or ::)",
     "memory_budget_mb": "memory this process may use, in MiB (0: the container's cgroup limit over --workers, else "
                         "4096); a request whose estimated peak exceeds it, less what the server holds, is 413",
+    "model_control": "none: load every version at start-up, then never change; poll: re-scan the repository every "
+                     "--repository-poll-s, loading new versions and unloading removed ones; explicit: load only "
+                     "--load-model at start-up, then load and unload on POST /v2/repository/models/{name}/load|unload",
+    "repository_poll_s": "seconds between re-scans of the repository under --model-control poll",
+    "load_model": "under --model-control explicit, a model (folder name) to load at start-up; repeat it for more, "
+                  "* for every model (none given: none loaded)",
 }
 
 
@@ -201,10 +218,23 @@ class RepositoryIndexRequest(BaseModel):
     ready: StrictBool | None = None  # true: only models ready to answer (every listed one is)
 
 
+class RepositoryControlRequest(BaseModel):
+    """A load or unload body (its parameters: :data:`CONTROL_PARAMETERS`)."""
+    model_config = {"extra": "forbid"}
+    parameters: dict[str, Any] | None = None
+
+
+# The parameters a load or unload takes: Triton's unload_dependents (tritonclient sends it; no model
+# here depends on another). Triton's config and file parameters are refused: a model loads as
+# publish wrote it.
+CONTROL_PARAMETERS = ("unload_dependents",)
+
+
 class RepositoryIndexEntry(BaseModel):
     name: str
     version: str
-    state: str
+    state: str  # READY, LOADING or UNAVAILABLE
+    reason: str | None = None  # why a version is not READY (absent when it is)
 
 
 class ServerMetadata(BaseModel):
@@ -318,8 +348,8 @@ class Guard:
     """ASGI middleware: what a web page in the user's browser must not do, refused before any work.
     A Host outside the allow-list is 400 (DNS rebinding: a page whose name now points at this
     server), an ``Origin`` that is not the server's own is 403 (a page elsewhere posting here; the
-    server's own playground and command-line clients pass), and infer with a Content-Type a page may
-    send without asking (text/plain, forms) is 415."""
+    server's own playground and command-line clients pass), and infer, load or unload with a
+    Content-Type a page may send without asking (text/plain, forms) is 415."""
 
     def __init__(self, app, hosts: frozenset[str] | None):
         self.app, self.hosts = app, hosts
@@ -344,12 +374,13 @@ class Guard:
             if netloc is None or netloc.lower() != host.lower():
                 return error(403, f"cross-origin requests are refused: Origin {text[:80]!r} is not this server's "
                                   "own; call the API from a server-side client or from this server's pages")
-        if scope["method"] == "POST" and scope["path"].endswith("/infer"):
+        action = scope["path"].rsplit("/", 1)[-1]
+        if scope["method"] == "POST" and action in ("infer", "load", "unload"):  # what changes or costs something
             kind = headers.get(b"content-type")
             media = kind.decode("latin-1").split(";", 1)[0].strip().lower() if kind is not None else None
             if media is not None and media not in INFER_TYPES:
-                return error(415, f"infer takes Content-Type application/json or application/octet-stream (binary "
-                                  f"tensor data), got {media[:60]!r}")
+                return error(415, f"{action} takes Content-Type application/json or application/octet-stream, got "
+                                  f"{media[:60]!r}")
         return None
 
 
@@ -432,22 +463,62 @@ def _rss() -> float:
     return 0.0
 
 
+def check_model_control(cfg: ServeConfig) -> None:
+    """RuntimeError (one sentence) for a --model-control combination that cannot work."""
+    if cfg.model_control not in MODEL_CONTROL:
+        raise RuntimeError(f"--model-control {cfg.model_control!r} is not one of {', '.join(MODEL_CONTROL)}")
+    if cfg.model_control == "explicit" and cfg.workers > 1:
+        raise RuntimeError("--model-control explicit needs --workers 1: a load or unload request reaches one "
+                           "worker process only (use --model-control poll with several workers)")
+    if cfg.load_model and cfg.model_control != "explicit":
+        raise RuntimeError("--load-model is for --model-control explicit (the other modes load every version)")
+    if cfg.model_control == "poll" and not cfg.repository_poll_s > 0:
+        raise RuntimeError(f"--repository-poll-s must be above 0, got {cfg.repository_poll_s}")
+
+
+async def retire(batcher: DynamicBatcher) -> None:
+    """Stop an unloaded version's batcher once the requests it holds are answered (each within its deadline)."""
+    while batcher.pending:
+        await asyncio.sleep(0.05)
+    if batcher.worker is not None:
+        batcher.worker.cancel()
+
+
+def lifespan_of(service: Service):
+    """What runs beside the app while it serves: gRPC (--grpc-port) and the repository poll."""
+    @asynccontextmanager
+    async def lifespan(app):
+        async with AsyncExitStack() as stack:
+            if service.cfg.grpc_port:  # imported only then: grpcio is needed only to serve gRPC
+                from serving.grpc_server import grpc_lifespan
+
+                await stack.enter_async_context(grpc_lifespan(service)(app))
+            poll = None
+            if service.cfg.model_control == "poll":
+                poll = asyncio.create_task(service.poll_repository())
+                log.info("polling %s for new and removed versions every %g s", service.cfg.repository,
+                         service.cfg.repository_poll_s)
+            try:
+                yield
+            finally:
+                if poll is not None:
+                    poll.cancel()
+
+    return lifespan
+
+
 def create_app(cfg: ServeConfig | None = None, repository: Repository | None = None) -> FastAPI:
     cfg = cfg or ServeConfig()
     service = Service(cfg, repository)
     # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN (nothing a served page
     # loads may come from elsewhere); the schema is at /openapi.json for any viewer.
-    lifespan = None
-    if cfg.grpc_port:  # imported only then: grpcio is needed only to serve gRPC
-        from serving.grpc_server import grpc_lifespan
-
-        lifespan = grpc_lifespan(service)
+    lifespan = lifespan_of(service) if cfg.grpc_port or cfg.model_control == "poll" else None
     app = FastAPI(title="attnzoo inference server", version=__version__, docs_url=None, redoc_url=None,
                   description="Open Inference Protocol (KServe v2) REST API over attnzoo's ONNX model repository.",
                   lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s)
     _add_error_handlers(app)
-    _add_server_routes(app, service.repo)
+    _add_server_routes(app, service)
     _add_model_routes(app, service)
     app.openapi = lambda: _openapi(app)
     _add_metrics(app, service.registry)
@@ -469,9 +540,13 @@ class Service:
                                     "Rows per batched ONNX Runtime call (requests or decode steps)", ["model"],
                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         COMPUTE.resize(cfg.infer_threads)
+        check_model_control(cfg)
         self.repo = repository or Repository(cfg.repository, cfg.provider, cfg.ort_threads,
                                              wrap=self.step_batching if cfg.step_batching else None,
-                                             loop_threads=cfg.loop_ort_threads)
+                                             loop_threads=cfg.loop_ort_threads,
+                                             load_all=cfg.model_control != "explicit")
+        if repository is None and cfg.model_control == "explicit":
+            self.load_at_start(cfg.load_model)
         log.info("serving %d model(s) from %s with %s", len(self.repo.models), cfg.repository,
                  ", ".join(sorted(self.repo.providers)) or "no execution provider (empty repository)")
         for key, why in self.repo.errors.items():
@@ -492,12 +567,78 @@ class Service:
                                  registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batchers: dict[tuple[str, int], DynamicBatcher] = {}
+        self.retiring: set[asyncio.Task] = set()  # batchers of unloaded versions, waiting for their requests
         # Requests share what this process may use less what it holds now, its models loaded: the
         # largest admitted request fits beside the server itself (docs/security.md has the measurement).
         limit, held = cfg.memory_budget_mb * 2**20 or memory_limit() / max(cfg.workers, 1), _rss()
         self.memory = MemoryPool(max(limit - held, 0.0))
+        # Versions loaded or unloaded later move the budget by their files' size (what their sessions
+        # hold, about): measuring the process again would count the requests running then too.
+        self.memory_base = self.memory.budget
+        self.loaded_at_start = self.repo.loaded_bytes() if isinstance(self.repo, Repository) else 0  # else a stand-in
         log.info("memory budget for requests: %.0f MiB (limit %.0f MiB less %.0f MiB held)",
                  self.memory.budget / 2**20, limit / 2**20, held / 2**20)
+
+    def load_at_start(self, names: list[str]) -> None:
+        """--model-control explicit: the --load-model models (``*``: every model folder)."""
+        repo = self.repo
+        if "*" in names:
+            names = sorted({name for name, _ in repo.on_disk()})
+        for name in names:
+            try:
+                repo.load(name)
+            except RequestError as err:
+                raise RuntimeError(f"--load-model {name}: {err}") from None
+        for (name, version), (state, why) in repo.states.items():
+            if state == "UNAVAILABLE":
+                repo.errors[f"{name}/{version}"] = why
+
+    async def control(self, action: str, name: str, parameters: dict | None = None) -> None:
+        """POST /v2/repository/models/{name}/load|unload (and gRPC's RepositoryModelLoad|Unload): the
+        work runs in a thread, the event loop answering other requests meanwhile."""
+        unknown = sorted(set(parameters or {}) - set(CONTROL_PARAMETERS))
+        if unknown:
+            raise RequestError(f"parameters {unknown[:5]} are not taken (only {', '.join(CONTROL_PARAMETERS)}): a "
+                               "model loads as publish wrote it")
+        mode = self.cfg.model_control
+        if mode != "explicit":
+            raise RequestError(f"explicit model {action} is not allowed under --model-control {mode}; start the "
+                               "server with --model-control explicit", status=409)
+        model, dot, _ = name.partition(".")
+        if dot:
+            raise RequestError(f"'{name[:80]}' is a graph of model '{model[:80]}': {action} '{model[:80]}' (its "
+                               "graphs go with it)", status=404)
+        if action == "load":
+            refused = await asyncio.to_thread(self.repo.load, name)
+            self.after_change([])
+            if refused:
+                raise RequestError(f"model '{name}': {len(refused)} version(s) not loaded: {refused[0]}")
+        else:
+            self.after_change(await asyncio.to_thread(self.repo.unload, name))
+
+    async def poll_repository(self) -> None:
+        """--model-control poll: re-scan the repository every --repository-poll-s, in a thread."""
+        while True:
+            await asyncio.sleep(self.cfg.repository_poll_s)
+            try:
+                removed = await asyncio.to_thread(self.repo.poll)
+            except Exception as err:  # a folder removed while being read: try again next period
+                log.error("polling the model repository %s failed (retried in %g s): %s: %s", self.cfg.repository,
+                          self.cfg.repository_poll_s, type(err).__name__, err)
+                continue
+            self.after_change(removed)
+
+    def after_change(self, removed: list[ServedModel]) -> None:
+        """On the event loop, after versions were loaded or unloaded: the unloaded versions' batchers
+        are retired once their queued requests are answered (a version loaded again gets new ones),
+        and the memory budget follows what the loaded versions hold."""
+        for model in removed:
+            batcher = self.batchers.pop((model.name, model.version), None)
+            if batcher is not None:  # the loop keeps only a weak reference to a task: hold it until done
+                task = asyncio.get_running_loop().create_task(retire(batcher))
+                self.retiring.add(task)
+                task.add_done_callback(self.retiring.discard)
+        self.memory.budget = max(self.memory_base - (self.repo.loaded_bytes() - self.loaded_at_start), 0.0)
 
     def step_batching(self, model: str, graphs: dict) -> dict:
         """A looping model's graphs, shared across requests: greedy seq2seq decoding runs in one
@@ -559,7 +700,7 @@ class Service:
         parameters, extra) and ``encode(model, [(name, array, datatype)], extra)`` -> the answer run on
         codec threads, the model between them after the same admission and batchers, all within
         ``timeout_s`` (parsing and encoding count too); counted in the metrics under ``protocol``."""
-        started, status = time.perf_counter(), 500
+        started, status, label = time.perf_counter(), 500, self.label(name)  # before the version may be unloaded
         deadline = (time.monotonic() + timeout_s, timeout_s)
         try:
             model = self.repo.get(name, version)
@@ -588,8 +729,8 @@ class Service:
             status = 499
             raise
         finally:
-            self.requests.labels(self.label(name), protocol, str(status)).inc()
-            self.latency.labels(self.label(name), protocol).observe(time.perf_counter() - started)
+            self.requests.labels(label, protocol, str(status)).inc()
+            self.latency.labels(label, protocol).observe(time.perf_counter() - started)
 
     async def in_codec(self, deadline: tuple[float, float], work, *args):
         """``work(*args)`` on a codec thread under the request's deadline: a job that waited past it
@@ -685,28 +826,37 @@ INDEX_DOC = {"requestBody": {"required": False, "content": {"application/json": 
     "schema": {"$ref": "#/components/schemas/RepositoryIndexRequest"}}}}}
 
 
-def _add_server_routes(app: FastAPI, repo: Repository) -> None:
-    """The server's own endpoints: its metadata, health, and the repository index."""
+def _add_server_routes(app: FastAPI, service: Service) -> None:
+    """The server's own endpoints: its metadata, health, and the repository index and control."""
     @app.get("/v2", response_model=ServerMetadata)
     async def server_metadata():
         return {"name": "attnzoo", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]}
 
-    @app.post("/v2/repository/index", response_model=list[RepositoryIndexEntry], responses=ERRORS,
-              openapi_extra=INDEX_DOC)
+    @app.post("/v2/repository/index", response_model=list[RepositoryIndexEntry], response_model_exclude_none=True,
+              responses=ERRORS, openapi_extra=INDEX_DOC)
     async def repository_index(request: Request):
         """Triton's model repository index: the protocol has no other way to list what is served.
-        Every served version is loaded, hence READY whatever "ready" asks; a version that failed
-        to load is not served and not listed (the log and /v2/health/ready report it). The body is
+        Every served version is READY; a version being loaded is LOADING, one refused, unloaded or
+        removed is UNAVAILABLE with its reason ("ready": true lists the READY ones only). The body is
         read whatever its Content-Type, as for infer (a command-line client's ``-d '{}'`` says form data)."""
-        try:
-            RepositoryIndexRequest.model_validate_json(await request.body() or b"{}")
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise RequestError(f"invalid repository index request: {first['msg']}"
-                               + (f" at {where}" if where else "")) from None
-        return [{"name": name, "version": str(v), "state": "READY"}
-                for name in sorted(repo.models) for v in repo.versions(name)]
+        body = _control_body(await request.body(), RepositoryIndexRequest, "repository index")
+        return [e for e in service.repo.index() if not body.ready or e["state"] == "READY"]
+
+    @app.post("/v2/repository/models/{name}/load", responses=ERRORS)
+    async def load_model(name: str, request: Request):
+        """Triton's model load (--model-control explicit): every version of the model folder not
+        served yet is loaded; answers when done."""
+        body = _control_body(await request.body(), RepositoryControlRequest, "model load")
+        await service.control("load", name, body.parameters)
+        return {}
+
+    @app.post("/v2/repository/models/{name}/unload", responses=ERRORS)
+    async def unload_model(name: str, request: Request):
+        """Triton's model unload (--model-control explicit): new requests get 404 at once; those
+        already admitted finish on the version."""
+        body = _control_body(await request.body(), RepositoryControlRequest, "model unload")
+        await service.control("unload", name, body.parameters)
+        return {}
 
     @app.get("/v2/health/live", response_model=Live)
     async def live():
@@ -714,8 +864,18 @@ def _add_server_routes(app: FastAPI, repo: Repository) -> None:
 
     @app.get("/v2/health/ready", response_model=Ready, responses={503: {"model": Ready}})
     async def ready():
-        ok = bool(repo.models) and not repo.errors
+        ok = bool(service.repo.models) and not service.repo.errors
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+def _control_body(raw: bytes, schema: type[BaseModel], what: str):
+    """A repository request's optional JSON body, checked (400 naming the field at fault)."""
+    try:
+        return schema.model_validate_json(raw or b"{}")
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise RequestError(f"invalid {what} request: {first['msg']}" + (f" at {where}" if where else "")) from None
 
 
 BINARY_DOC = ("the binary tensor data extension (application/octet-stream): the JSON, its length in bytes in "
@@ -851,12 +1011,16 @@ def main(argv: list[str] | None = None) -> None:
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
                             help=f"{HELP[key]} (default: on)" if value else f"{HELP[key]} (default: off)")
             continue
+        if isinstance(value, list):  # --load-model, repeated
+            ap.add_argument(flag, action="append", default=[], metavar=key.split("_")[-1].upper(), help=HELP[key])
+            continue
         ap.add_argument(flag, type=type(value), default=value, help=f"{HELP[key]} (default %(default)s)",
-                        choices=("auto", "cpu", "cuda") if key == "provider" else None)
+                        choices={"provider": ("auto", "cpu", "cuda"), "model_control": MODEL_CONTROL}.get(key))
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
     sys.setswitchinterval(cfg.switch_interval_ms / 1000)  # the server's process (workers: app_from_env)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
+        check_model_control(cfg)
         if cfg.workers == 1:
             app = create_app(cfg)
         else:
