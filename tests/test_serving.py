@@ -728,10 +728,12 @@ def test_triton_python_backend_gives_the_servers_answers(server):
 
 
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
-    port, log_path = _free_port(), tmp_path / "server.log"
+    """Two worker processes behind one REST port and one gRPC port (each worker binds the gRPC port
+    with SO_REUSEPORT, the kernel spreads connections): answers agree, /metrics adds both up."""
+    port, grpc_port, log_path = _free_port(), _free_port(), tmp_path / "server.log"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
-                                 "--port", str(port), "--workers", "2"], cwd=ROOT,
+                                 "--port", str(port), "--workers", "2", "--grpc-port", str(grpc_port)], cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log_file, stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     line = f"serving {len(Repository(published.repo, 'cpu').models)} model(s)"  # what each worker logs
@@ -746,6 +748,17 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
             np.testing.assert_array_equal(client.infer("ntm", {"x": x})["logits"], first)
         for _ in range(4):  # whichever worker answers counts both workers' requests
             assert _metric(client.url, 'attnzoo_requests_total{model="ntm",protocol="rest",status="200"}') == 12
+        # gRPC from another process (serving's message classes stay out of this one, which may hold
+        # tritonclient's): six connections, so both workers' gRPC servers are likely asked
+        code = ("import sys, numpy as np; from serving.grpc_client import GrpcClient; "
+                "x = np.zeros((1, 2, 5), np.float32); "
+                "print(all(np.array_equal(GrpcClient(sys.argv[1]).infer('ntm', {'x': x})['logits'], np.array("
+                "__import__('json').loads(sys.argv[2]), np.float32)) for _ in range(6)))")
+        out = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{grpc_port}", json.dumps(first.tolist())],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.stdout.strip() == "True", out.stderr[-2000:]
+        assert _metric(client.url, 'attnzoo_requests_total{model="ntm",protocol="grpc",status="200"}') == 6
     finally:
         proc.terminate()
         proc.wait(timeout=30)
