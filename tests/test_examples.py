@@ -85,7 +85,8 @@ class _Recorder:
 
 @pytest.mark.parametrize("name", sorted(served_inputs()))
 def test_example_reads_through_the_predict_readers_at_the_declared_inputs(name):
-    from serving.client import as_tensor, predict_one
+    from serving.client import as_tensor
+    from serving.predict import predict_one
     from serving.protocol import DATATYPES
 
     model, declared = served_inputs()[name]
@@ -233,7 +234,7 @@ def test_translation_sources_are_the_first_test_sentences_every_translation_run_
 def test_png_and_wav_writers_are_plain_and_readable(tmp_path):
     from PIL import Image
 
-    from serving.client import read_wav
+    from serving.predict import read_wav
 
     pixels = (np.arange(12 * 7) % 256).astype(np.uint8).reshape(12, 7)
     data = make_examples.png_bytes(pixels)

@@ -31,7 +31,7 @@ from tests.test_cli import cli
 pytestmark = pytest.mark.integration  # starts servers or processes
 
 README = ROOT / "README.md"
-# What `predict` reads as a file (serving/client.py): images, WAV, .npy, JSON; `translate -i`: text.
+# What `predict` reads as a file (serving/predict.py): images, WAV, .npy, JSON; `translate -i`: text.
 FILE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".wav", ".npy", ".json", ".txt"}
 
 

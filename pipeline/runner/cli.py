@@ -23,7 +23,7 @@ STAGES = ["prepare", "tune", "train", "evaluate", "export", "quantize", "publish
 # push / pull ending with one clear sentence on failure.
 MODULES = {"repro": "pipeline.runner.repro", "quickstart": "pipeline.runner.quickstart",
            "push": "pipeline.runner.remote:main", "pull": "pipeline.runner.remote:pull",
-           "serve": "serving.server", "predict": "serving.client", "translate": "serving.client:translate_main"}
+           "serve": "serving.server", "predict": "serving.predict", "translate": "serving.predict:translate_main"}
 # A base install is the torch-free server (pyproject.toml); the rest comes with an extra. A command that
 # needs a module of one names the extra to install instead of ending in a traceback.
 EXTRAS = {"onnxruntime": "serve", **{m: "train,cpu" for m in (
