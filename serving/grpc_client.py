@@ -13,7 +13,6 @@ callers handle both protocols alike. Needs grpcio (the ``serve`` extra), never t
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import grpc
@@ -92,14 +91,6 @@ class GrpcClient(Client):
             return self.rpc("ServerReady", pb.ServerReadyRequest(), pb.ServerReadyResponse).ready
         except ServerError:
             return False
-
-    def wait_ready(self, timeout_s: float = 30.0, alive=lambda: True) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and alive():
-            if self.ready():
-                return True
-            time.sleep(0.1)
-        return False
 
     def model_metadata(self, name: str, version: str | int | None = None) -> dict:
         meta = self.rpc("ModelMetadata", pb.ModelMetadataRequest(name=name, version=str(version or "")),
