@@ -179,7 +179,7 @@ class Handlers:
         return pb.RepositoryIndexResponse(models=[
             pb.RepositoryIndexResponse.ModelIndex(name=e["name"], version=e["version"], state=e["state"],
                                                   reason=e.get("reason", ""))
-            for e in self.service.repo.index() if not request.ready or e["state"] == "READY"])
+            for e in self.service.repo.index(ready_only=request.ready)])
 
     async def model_load(self, request, _context):
         """As ``POST /v2/repository/models/{name}/load``: the same checks, sentences and statuses."""

@@ -213,14 +213,18 @@ class Repository:
         """The size of the served versions' files."""
         return sum(self.sizes.values())
 
-    def index(self) -> list[dict]:
-        """Every served version READY, and every version not served with its state and reason."""
+    def index(self, ready_only: bool = False) -> list[dict]:
+        """Every served version READY, and every version not served with its state and reason
+        (``ready_only``: the READY ones alone, the protocol's ``"ready": true``)."""
         entries = [{"name": name, "version": str(v), "state": "READY"}
                    for name, versions in self.models.items() for v in versions]
         names = self.names
-        entries += [{"name": served, "version": str(v), "state": state, "reason": reason}
-                    for (name, v), (state, reason) in self.states.items() for served in names.get((name, v), [name])]
+        if not ready_only:
+            entries += [{"name": served, "version": str(v), "state": state, "reason": reason}
+                        for (name, v), (state, reason) in self.states.items()
+                        for served in names.get((name, v), [name])]
         return sorted(entries, key=lambda e: (e["name"], int(e["version"])))
+
     def get(self, name: str, version: str | None = None) -> ServedModel:
         versions = self.models.get(name)  # one read: a version unloaded meanwhile is not looked up twice
         if not versions:

@@ -840,7 +840,7 @@ def _add_server_routes(app: FastAPI, service: Service) -> None:
         removed is UNAVAILABLE with its reason ("ready": true lists the READY ones only). The body is
         read whatever its Content-Type, as for infer (a command-line client's ``-d '{}'`` says form data)."""
         body = _control_body(await request.body(), RepositoryIndexRequest, "repository index")
-        return [e for e in service.repo.index() if not body.ready or e["state"] == "READY"]
+        return service.repo.index(ready_only=bool(body.ready))
 
     @app.post("/v2/repository/models/{name}/load", responses=ERRORS)
     async def load_model(name: str, request: Request):
