@@ -40,20 +40,21 @@ SENTENCE = "Ich habe heute keine Zeit."
 PROTOCOLS = ("REST JSON", "REST binary", "gRPC raw")
 
 
-def sample(repo: Path, url: str, model: str) -> tuple[dict[str, np.ndarray], dict]:
-    """(inputs, parameters) of one request to ``model``'s newest version, typed as the server declares."""
-    from serving.client import Client
+def sample(repo: Path, client, model: str, version: int | None = None) -> tuple[dict[str, np.ndarray], dict] | None:
+    """(inputs, parameters) of one request to ``model`` (its newest version's task), typed as the server
+    declares them; None for a graph name or a task without a sample in examples/."""
     from serving.protocol import DATATYPES
 
-    declared = {i["name"]: i["datatype"] for i in Client(url).model_metadata(model)["inputs"]}
+    declared = {i["name"]: i["datatype"] for i in client.model_metadata(model, version)["inputs"]}
     if list(declared) == ["text"]:
         return {"text": np.array([SENTENCE], dtype=object)}, {"decode": "greedy"}
-    version = max((p for p in (repo / model).iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    task = json.loads((version / "metadata.json").read_text())["task"]
+    versions = [p for p in (repo / model).iterdir() if p.name.isdigit()] if (repo / model).is_dir() else []
+    if "." in model or not versions:
+        return None
+    task = json.loads((max(versions, key=lambda p: int(p.name)) / "metadata.json").read_text())["task"]
     example = ROOT / "examples" / f"{task}.json"
     if not example.exists():
-        raise SystemExit(f"error: {model} takes {list(declared)}; this script has sample inputs for text models and "
-                         f"for the tasks of examples/*.json, not {task}")
+        return None
     return {k: np.asarray(v, dtype=DATATYPES[declared[k]]) for k, v in json.loads(example.read_text()).items()}, {}
 
 
@@ -138,7 +139,13 @@ def start(repo: Path, extra: str) -> tuple[subprocess.Popen, str, str]:
 
 def run_model(args, server: int, url: str, target: str, model: str) -> tuple[list[str], str]:
     """``server``: the server's process id (its CPU time per request is the protocol's cost to it)."""
-    inputs, params = sample(args.repository, url, model)
+    from serving.client import Client
+
+    found = sample(args.repository, Client(url), model)
+    if found is None:
+        raise SystemExit(f"error: this script has sample inputs for text models and for the tasks of "
+                         f"examples/*.json, not for {model}'s")
+    inputs, params = found
     bodies, message = rest_bodies(inputs, params), grpc_request(model, inputs, params)
     runs: dict[tuple[str, int], list[dict]] = {(p, c): [] for p in PROTOCOLS for c in (1, 32)}
     for _ in range(args.rounds):  # protocols and concurrencies in turn: a drift of the machine hits them all

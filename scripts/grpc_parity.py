@@ -12,7 +12,6 @@ refuses the same messages twice); the server runs in its own process. Exit statu
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import subprocess
 import sys
@@ -22,10 +21,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from scripts.bench_protocols import sample as sample_request  # noqa: E402
 from serving.client import Client, ServerError  # noqa: E402
-from serving.protocol import DATATYPES  # noqa: E402
-
-SENTENCE = "Ich habe heute keine Zeit."
 
 
 def _ports() -> list[int]:
@@ -35,23 +32,6 @@ def _ports() -> list[int]:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     return ports
-
-
-def request(repo: Path, client: Client, name: str, version: int) -> tuple[dict, dict] | None:
-    """(inputs, parameters) of ``name``'s sample request, or None when examples/ has none for its task."""
-    declared = {i["name"]: i["datatype"] for i in client.model_metadata(name, version)["inputs"]}
-    if list(declared) == ["text"]:
-        return {"text": np.array([SENTENCE], dtype=object)}, {"decode": "greedy"}
-    base = name.split(".")[0].removesuffix("-int8")
-    versions = [p for p in (repo / name).iterdir() if p.name.isdigit()] if (repo / name).is_dir() else []
-    if "." in name or not versions:
-        return None
-    task = json.loads((max(versions, key=lambda p: int(p.name)) / "metadata.json").read_text())["task"]
-    example = ROOT / "examples" / f"{task}.json"
-    if not example.exists():
-        print(f"{name}: no sample input for {task} ({base}); skipped")
-        return None
-    return {k: np.asarray(v, dtype=DATATYPES[declared[k]]) for k, v in json.loads(example.read_text()).items()}, {}
 
 
 def same(got: np.ndarray, want: np.ndarray) -> bool:
@@ -72,8 +52,10 @@ def check(repo: Path, rest: Client, target: str) -> int:
     for entry in rest.call("POST", "/v2/repository/index", {}):
         newest[entry["name"]] = max(newest.get(entry["name"], 0), int(entry["version"]))
     for name, version in sorted(newest.items()):
-        sample = request(repo, rest, name, version)
+        sample = sample_request(repo, rest, name, version)
         if sample is None:
+            if "." not in name:  # a graph of a model: asked through its model
+                print(f"{name}: no sample input in examples/ for its task; skipped")
             continue
         inputs, params = sample
         tensors = []
