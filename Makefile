@@ -15,14 +15,20 @@ quickstart: setup   ## three real models through the whole pipeline, then answer
 	attnzoo quickstart --jobs $(JOBS)
 
 # The unit tests (no process started, no server: tests/conftest.py holds them to it) on every core, one
-# thread each; then the tests that start processes and servers, and the end-to-end runs, one at a time.
+# thread each.
 UNIT = ATTNZOO_TEST_FAST=1 OMP_NUM_THREADS=1 python -m pytest -q -n auto -m "not slow and not integration"
+# Then the tests that start processes and servers, on two workers, each module on one of them and the
+# end-to-end run first (tests/conftest.py says why); they wait on servers and clusters as much as they
+# compute. Last, alone on an idle machine, the ones that hold a server to a deadline or a latency ratio.
+PROCESSES = python -m pytest -q -m "(slow or integration) and not timing" -n 2 --dist loadgroup --no-loadscope-reorder
+TIMING = python -m pytest -q -m "(slow or integration) and timing"
 NO_TESTS = if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
 	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); unit=$$status; \
-	  python -m pytest -q -m "slow or integration" --durations=25; status=$$?; $(NO_TESTS); \
-	  [ $$unit -eq 0 ] || exit $$unit; exit $$status
+	  $(PROCESSES) --durations=25; status=$$?; $(NO_TESTS); processes=$$status; \
+	  $(TIMING) --durations=5; status=$$?; $(NO_TESTS); \
+	  [ $$unit -eq 0 ] || exit $$unit; [ $$processes -eq 0 ] || exit $$processes; exit $$status
 
 test-fast: setup     ## the unit tests alone (a few minutes): no process started, no server, no end-to-end run
 	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); exit $$status

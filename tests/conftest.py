@@ -62,6 +62,43 @@ def pytest_runtest_protocol(item, nextitem):
                   + "\n")
 
 
+# `make test` runs the tests that start processes on two pytest-xdist workers (--dist loadgroup
+# --no-loadscope-reorder): each module is one unit of work, so its module fixtures are built once; the
+# tests that start Ray on this machine without a cluster address are one unit, so two local Ray
+# instances never share the machine's default ports, and that unit goes first: it holds the end-to-end
+# run, the longest test, which then runs beside everything else rather than after it.
+LOCAL_RAY = "local-ray"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != LOCAL_RAY)  # stable
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torchlib_registry():
+    """torch.onnx.export builds its table of ONNX translations from torchlib on every call (1-2 s,
+    a tenth of a tiny model's export) and only reads it: one table per test process serves every
+    export, with the same bytes written. Stages export a model once per process and keep torch's own."""
+    from torch.onnx._internal.exporter import _registration
+
+    build = _registration.ONNXRegistry.from_torchlib.__func__
+    built: dict = {}
+
+    def once(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build(cls, *args, **kwargs)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(once))
+        yield
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fast_lane_starts_nothing():
     """Session-wide, so a module's or the session's fixtures (a server, a published repository) are held

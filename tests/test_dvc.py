@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY, copy_repo, venv_env
+from tests.conftest import LOCAL_RAY, TINY, copy_repo, venv_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(LOCAL_RAY)]  # Ray without a cluster: tests/conftest.py
 
 
 def tiny_params(params: dict) -> dict:

@@ -181,6 +181,7 @@ def test_poll_refuses_a_tampered_version_and_keeps_serving(published, tmp_path):
 LOAD_S = float(os.environ.get("ATTNZOO_MODEL_CONTROL_LOAD_S", "1"))
 
 
+@pytest.mark.timing
 def test_poll_serves_a_new_version_within_two_periods_losing_no_request(published, tmp_path):
     """Poll control: a version published (by publish's own writer) while two clients keep asking
     version 1 answers within two poll periods (and becomes the default, as publish promoted it), then

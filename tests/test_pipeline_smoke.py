@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from pipeline import profiles
-from tests.conftest import venv_env
+from tests.conftest import LOCAL_RAY, venv_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(LOCAL_RAY)]  # Ray without a cluster: tests/conftest.py
 
 # The smoke profile (profiles/smoke.yaml, `attnzoo repro --profile smoke`): tiny data and models for
 # one entry per architecture and each distinct pipeline path; it lists why each dropped variant's

@@ -565,6 +565,7 @@ print(json.dumps(answers), flush=True)
 """
 
 
+@pytest.mark.timing
 def test_many_member_gzip_bodies_are_refused_at_once_and_do_not_slow_others(server):
     """Finding 1: gzip bodies of many empty members (0.45 MiB: decoded, 1 and 8 MiB: over this
     server's body limit), sent back to back by another process, are each answered 4xx in well under

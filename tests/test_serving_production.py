@@ -292,6 +292,7 @@ def test_requests_over_a_limit_get_413_naming_it(repo):
         stop(srv)
 
 
+@pytest.mark.timing
 def test_an_answer_over_the_output_limit_is_413_before_any_work(repo):
     """The NTM's outputs have the input's rows and time steps: 2 x 100 steps of it are more values
     than `capped` may answer, known before a step runs."""
@@ -325,6 +326,7 @@ def test_unknown_and_empty_models_are_404_and_metrics_keep_to_served_names(repo)
         stop(srv)
 
 
+@pytest.mark.timing
 def test_a_deadline_stops_the_decode_loop_and_frees_the_worker(repo):
     # One ONNX Runtime call at a time: were the timed-out loop still running, the next request
     # would wait for it.
@@ -473,6 +475,7 @@ def test_an_input_with_an_empty_axis_is_400_and_the_server_lives_on(published):
         stop(srv)
 
 
+@pytest.mark.timing
 def test_a_body_that_does_not_arrive_in_time_is_408(repo):
     """A client that declares 100 bytes and sends 10 holds its buffer until --body-timeout-s, then
     gets 408 (before: for as long as it liked). Finding 2, same server: --max-connections sockets
@@ -557,6 +560,7 @@ def _largest_and_one_beyond(srv, name: str, rows: int) -> tuple[int, int]:
     return Memory.of(params["memory"]).largest_steps(rows, budget), budget
 
 
+@pytest.mark.timing
 def test_a_request_over_the_memory_budget_is_413_before_it_runs(published):
     """Finding 3: the Transformer's encoder ran whatever rows x steps the limits allowed, however
     much memory its length² attention took. Now the longest source the budget admits at 64 rows
