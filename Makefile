@@ -20,14 +20,16 @@ UNIT = ATTNZOO_TEST_FAST=1 OMP_NUM_THREADS=1 python -m pytest -q -n auto -m "not
 # Then the tests that start processes and servers, on two workers, each module on one of them and the
 # end-to-end run first (tests/conftest.py says why); they wait on servers and clusters as much as they
 # compute. Last, alone on an idle machine, the ones that hold a server to a deadline or a latency ratio.
+# Both runs share the fixtures tests/conftest.py builds once per run (ATTNZOO_TEST_SHARED).
 PROCESSES = python -m pytest -q -m "(slow or integration) and not timing" -n 2 --dist loadgroup --no-loadscope-reorder
 TIMING = python -m pytest -q -m "(slow or integration) and timing"
 NO_TESTS = if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi
 
 test: setup          ## the test suite (pytest's "no tests collected" counts as a failure)
 	$(UNIT) --durations=10; status=$$?; $(NO_TESTS); unit=$$status; \
+	  export ATTNZOO_TEST_SHARED=$$(mktemp -d); \
 	  $(PROCESSES) --durations=25; status=$$?; $(NO_TESTS); processes=$$status; \
-	  $(TIMING) --durations=5; status=$$?; $(NO_TESTS); \
+	  $(TIMING) --durations=5; status=$$?; $(NO_TESTS); rm -rf "$$ATTNZOO_TEST_SHARED"; \
 	  [ $$unit -eq 0 ] || exit $$unit; [ $$processes -eq 0 ] || exit $$processes; exit $$status
 
 test-fast: setup     ## the unit tests alone (a few minutes): no process started, no server, no end-to-end run

@@ -65,9 +65,11 @@ def pytest_runtest_protocol(item, nextitem):
 # `make test` runs the tests that start processes on two pytest-xdist workers (--dist loadgroup
 # --no-loadscope-reorder): each module is one unit of work, so its module fixtures are built once; the
 # tests that start Ray on this machine without a cluster address are one unit, so two local Ray
-# instances never share the machine's default ports, and that unit goes first: it holds the end-to-end
-# run, the longest test, which then runs beside everything else rather than after it.
+# instances never share the machine's default ports. That unit goes first, the end-to-end run (the
+# longest test) at its head: it then runs beside everything else rather than after it, and its worker
+# is handed no other unit to hold behind it (xdist hands one out when a worker has two tests left).
 LOCAL_RAY = "local-ray"
+LONGEST = "tests/test_pipeline_smoke.py"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -75,7 +77,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != LOCAL_RAY)  # stable
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group").args[0] != LOCAL_RAY,
+                                 not item.nodeid.startswith(LONGEST)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -223,13 +226,36 @@ def trained_looking_transformer(data: Path, seed: int = 5, scale: float = 0.2):
     return model
 
 
+def shared_dir(tmp_path_factory) -> Path | None:
+    """A folder every test process of this run sees: `make test` names one per run (ATTNZOO_TEST_SHARED,
+    removed after it); pytest-xdist's workers share their session's; a lone pytest shares nothing."""
+    if os.environ.get("ATTNZOO_TEST_SHARED"):
+        return Path(os.environ["ATTNZOO_TEST_SHARED"])
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.getbasetemp().parent
+    return None
+
+
 @pytest.fixture(scope="session")
 def published(tmp_path_factory):
     """A tiny model repository with every kind of served model (tests/serving_repo.py), built once
-    per session and shared by the serving test modules (none of them writes to it)."""
+    per run by the first test process that asks (the others wait for it, then rebuild only the seeded
+    models) and shared by the serving test modules (none of them writes to it)."""
+    from filelock import FileLock  # a dependency of torch
+
     from tests.serving_repo import build_published
 
-    return build_published(tmp_path_factory.mktemp("publish"))
+    shared = shared_dir(tmp_path_factory)
+    if shared is None:
+        return build_published(tmp_path_factory.mktemp("publish"))
+    folder = shared / "published"
+    with FileLock(str(shared / "published.lock")):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that did not finish
+            folder.mkdir(parents=True)
+            build_published(folder)
+            (folder / ".built").touch()
+    return build_published(folder, build=False)
 
 
 class Planted:

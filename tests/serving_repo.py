@@ -1,7 +1,7 @@
 """The tiny published repository every serving test uses: every kind of served model, seeded.
 
-Built once per test session by the ``published`` fixture (tests/conftest.py): exporting the
-models to ONNX is most of a serving test module's set-up time.
+Built once per `make test` by the ``published`` fixture (tests/conftest.py), whichever test process
+needs it first: exporting the models to ONNX is most of a serving test module's set-up time.
 """
 
 from __future__ import annotations
@@ -82,13 +82,16 @@ class _Publisher:
             _write(self.repo, name, arch, task, model, artifacts, promoted, onnx_dir)
 
 
-def build_published(tmp: Path) -> SimpleNamespace:
-    """model_repository with bahdanau (v1) and ntm (v1, v2: different weights), tiny and seeded."""
+def build_published(tmp: Path, build: bool = True) -> SimpleNamespace:
+    """model_repository with bahdanau (v1) and ntm (v1, v2: different weights), tiny and seeded.
+    ``build=False``: the same seeded models over the repository an earlier call built in ``tmp``
+    (another test process's), without exporting or writing anything."""
     repo, work = tmp / "model_repository", tmp / "work"
-    work.mkdir()
     publish = _Publisher(repo, work)
-    _tokenizer(work / "spm.de.model", GERMAN)
-    _tokenizer(work / "spm.en.model", ENGLISH)
+    if build:
+        work.mkdir()
+        _tokenizer(work / "spm.de.model", GERMAN)
+        _tokenizer(work / "spm.en.model", ENGLISH)
     import sentencepiece as spm
 
     sizes = {s: spm.SentencePieceProcessor(model_file=str(work / f"spm.{s}.model")).get_piece_size()
@@ -136,7 +139,8 @@ def build_published(tmp: Path) -> SimpleNamespace:
     torch.manual_seed(10)
     speech = models.build("speech_attention", TINY["speech_attention"]).eval()
     publish("speech", "speech_attention", "spoken_digits", speech, [])
-    publish.finish()
+    if build:
+        publish.finish()
     return SimpleNamespace(repo=repo, seq=seq, seq2seq=seq2seq, ntm_v1=ntms[0], ntm_v2=ntms[1], pointer=pointer,
                            act=act, programmer=programmer, captioner=captioner, ram=ram, draw=draw, ocr=ocr,
                            speech=speech, work=work)
