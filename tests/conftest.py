@@ -81,6 +81,18 @@ def pytest_collection_modifyitems(config, items):
                                  not item.nodeid.startswith(LONGEST)))  # stable: the rest keep their order
 
 
+@pytest.fixture(scope="module")
+def numbers_only():
+    """For a module whose tests compare a task's metrics and nothing it draws: the figures the task's
+    evaluation builds are not rendered to PNG (most of a tiny evaluation's time). tests/test_plots.py
+    and the end-to-end run check the plots themselves."""
+    from matplotlib.figure import Figure
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", lambda self, *args, **kwargs: None)
+        yield
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torchlib_registry():
     """torch.onnx.export builds its table of ONNX translations from torchlib on every call (1-2 s,

@@ -19,6 +19,7 @@ from tests.conftest import ROOT, TINY, tiny_batch
 from tests.test_pipeline_smoke import KEEP, tiny_params
 
 _PARAMS = tiny_params(yaml.safe_load((ROOT / "params.yaml").read_text()))
+pytestmark = pytest.mark.usefixtures("numbers_only")  # metrics compared, figures not drawn
 
 
 def test_gate_takes_the_direction_from_the_bar_and_allows_the_tolerance():
