@@ -161,11 +161,9 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
     return get_task(EXAMPLES[arch]).example_batch(TINY[arch], seed, batch)
 
 
-# In the fast lane one pytest-xdist group per architecture: the once-per-process export of a tiny
-# model (tests/test_registry.py `exported`) then serves all of that architecture's tests on one
-# worker. The tests that start processes keep their module's group (pytest_collection_modifyitems).
-@pytest.fixture(params=[pytest.param(a, marks=pytest.mark.xdist_group(f"arch-{a}") if FAST else ())
-                        for a in sorted(TINY)])
+# One pytest-xdist group per architecture: a module's once-per-module export of a tiny model
+# (tests/test_registry.py `exported`) then serves all of that architecture's tests on one worker.
+@pytest.fixture(params=[pytest.param(a, marks=pytest.mark.xdist_group(f"arch-{a}")) for a in sorted(TINY)])
 def arch(request):
     return request.param
 
