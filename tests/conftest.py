@@ -63,8 +63,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # `make test` runs the tests that start processes on two pytest-xdist workers (--dist loadgroup
-# --no-loadscope-reorder): each of their modules is one unit of work, so its module fixtures (servers,
-# repositories) are built once, while the unit tests go out one by one unless grouped; the
+# --no-loadscope-reorder): each module is one unit of work, so its module fixtures are built once; the
 # tests that start Ray on this machine without a cluster address are one unit, so two local Ray
 # instances never share the machine's default ports. That unit goes first, the end-to-end run (the
 # longest test) at its head: it then runs beside everything else rather than after it, and its worker
@@ -76,14 +75,10 @@ LONGEST = "tests/test_pipeline_smoke.py"
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        starts_processes = item.get_closest_marker("slow") or item.get_closest_marker("integration")
-        if starts_processes and not any(item.iter_markers("xdist_group")):
+        if not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    def group(item) -> str:
-        mark = item.get_closest_marker("xdist_group")
-        return mark.args[0] if mark else ""
-
-    items.sort(key=lambda item: (group(item) != LOCAL_RAY, not item.nodeid.startswith(LONGEST)))  # stable
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group").args[0] != LOCAL_RAY,
+                                 not item.nodeid.startswith(LONGEST)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +156,7 @@ def tiny_batch(arch: str, seed: int = 0, batch: int = 3) -> dict[str, torch.Tens
     return get_task(EXAMPLES[arch]).example_batch(TINY[arch], seed, batch)
 
 
-# One pytest-xdist group per architecture: a module's once-per-module export of a tiny model
-# (tests/test_registry.py `exported`) then serves all of that architecture's tests on one worker.
-@pytest.fixture(params=[pytest.param(a, marks=pytest.mark.xdist_group(f"arch-{a}")) for a in sorted(TINY)])
+@pytest.fixture(params=sorted(TINY))
 def arch(request):
     return request.param
 

@@ -132,11 +132,10 @@ def test_overfits_one_batch(arch):
     assert last < {"draw": 0.25}.get(arch, 0.2) * first, (first, last)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """``exported(arch)`` -> (the seed-0 TINY model, its ONNX folder, the graphs' I/O names), exported
-    once per test process (an architecture's tests share a pytest-xdist worker; other modules' tests
-    may run between them): the parity test and the perturbed-weights test check the same graphs, and
+    once per module: the parity test and the perturbed-weights test check the same graphs, and
     the export is most of either test's time."""
     done = {}
 
