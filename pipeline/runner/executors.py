@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.runner.plan import Node, ReproError
+from pipeline.runner.warm import Starter, forkable
 
 
 def _stage_env(root: Path, name: str, threads: int | None) -> dict[str, str]:
@@ -26,14 +27,20 @@ def _stage_env(root: Path, name: str, threads: int | None) -> dict[str, str]:
 
 
 class LocalExecutor:
-    """Each stage a process group of its own (so an interrupt stops the whole stage), logged to a file."""
+    """Each stage a process group of its own (so an interrupt stops the whole stage), logged to a file.
+
+    A ``python -m pipeline.stages.*`` command is forked by a warm starter (``warm.py``) with the stage's
+    environment, skipping its seconds of imports; any other command, and a ``tune@`` (its Ray trials get
+    their own thread variables), runs through the shell.
+    """
 
     where = "local"
 
     def __init__(self, root: Path, jobs: int):
         self.root, self.jobs, self.free = root, jobs, jobs
         self.cores = os.cpu_count() or 1
-        self.procs: dict[str, tuple[subprocess.Popen, Any, int]] = {}
+        self.procs: dict[str, tuple[Any, Any, int]] = {}  # a subprocess.Popen or a warm.Forked
+        self.starters: dict[tuple, Starter | None] = {}  # by environment; None: it failed, use the shell
 
     def fits(self, node: Node) -> bool:
         return node.slots <= self.free
@@ -53,10 +60,28 @@ class LocalExecutor:
         handle = log.open("wb")
         handle.write(f"# attnzoo repro: {node.name}, {threads} thread(s)\n".encode())
         handle.flush()
-        proc = subprocess.Popen(node.cmd, shell=True, cwd=self.root, env=env, stdout=handle,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        argv = forkable(node.cmd) if node.kind != "tune" else None
+        proc = self._fork(argv, env, log) if argv else None
+        if proc is None:
+            proc = subprocess.Popen(node.cmd, shell=True, cwd=self.root, env=env, stdout=handle,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[node.name] = (proc, handle, node.slots)
         self.free -= node.slots
+
+    def _fork(self, argv: list[str], env: dict[str, str], log: Path):
+        """The stage forked by the starter for its environment (started on first use), or None."""
+        key = tuple(sorted((k, v) for k, v in env.items() if k != "DVC_STAGE"))
+        if key not in self.starters:
+            self.starters[key] = Starter(self.root, {k: v for k, v in env.items() if k != "DVC_STAGE"},
+                                         log.parent / "warm_starter.log")
+        starter = self.starters[key]
+        if starter is None:
+            return None
+        try:
+            return starter.spawn(argv, env, log)
+        except RuntimeError:  # it could not start (its log says why): the shell it is, from now on
+            self.starters[key] = None
+            return None
 
     def finished(self, timeout: float) -> list[tuple[str, int, str]]:
         deadline = time.monotonic() + timeout
@@ -84,6 +109,10 @@ class LocalExecutor:
                 proc.wait()
             handle.close()
         self.procs.clear()
+        for starter in self.starters.values():
+            if starter is not None:
+                starter.close()
+        self.starters.clear()
 
 
 def _run_on_node(cmd: str, root: str, env: dict, log: str) -> tuple[int, str]:

@@ -1,0 +1,97 @@
+"""The warm starter (pipeline/runner/warm.py): a forked stage sees what a shell-started one sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ROOT
+from pipeline.runner.warm import Starter, forkable
+
+pytestmark = pytest.mark.integration  # starts processes
+
+
+def stage_env(threads: int) -> dict[str, str]:
+    """What LocalExecutor gives a stage of ``threads`` threads, less its name (executors._stage_env)."""
+    env = {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env.pop("DVC_STAGE", None)
+    return env
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_forked_stage_sees_its_own_argv_env_session_and_exit_code(tmp_path, threads):
+    env = stage_env(threads)
+    starter = Starter(ROOT, env, tmp_path / "starter.log")
+    try:
+        log = tmp_path / "probe.log"
+        log.write_text("# header\n")
+        child = starter.spawn(["tests.warm_probe", "3"], {**env, "DVC_STAGE": "probe@x"}, log)
+        assert child.wait(timeout=120) == 3
+    finally:
+        starter.close()
+    lines = log.read_text().splitlines()
+    assert lines[0] == "# header"  # the runner's header line is kept: the child appends
+    got = json.loads(lines[1])
+    fresh = json.loads(subprocess.run([sys.executable, "-m", "tests.warm_probe", "0"], cwd=ROOT, capture_output=True,
+                                      text=True, env={**env, "DVC_STAGE": "probe@x"}).stdout)
+    assert got["argv"] == [str(ROOT / "tests" / "warm_probe.py"), "3"] == [fresh["argv"][0], "3"]
+    assert got["cwd"] == fresh["cwd"] == str(ROOT)
+    assert got["stage"] == "probe@x" and got["main"] == fresh["main"] == "__main__"
+    assert got["threads"] == fresh["threads"] == threads
+    assert got["session_leader"] and got["stdin"] == ""
+    assert got["sum"] == fresh["sum"]
+
+
+def test_a_stage_error_is_a_traceback_in_its_log_and_a_stop_signal_reaches_its_group(tmp_path):
+    env = stage_env(1)
+    starter = Starter(ROOT, env, tmp_path / "starter.log")
+    try:
+        failed_log, sleeping_log = tmp_path / "raise.log", tmp_path / "sleep.log"
+        failed = starter.spawn(["tests.warm_probe", "raise"], {**env, "DVC_STAGE": "probe@raise"}, failed_log)
+        sleeping = starter.spawn(["tests.warm_probe", "sleep"], {**env, "DVC_STAGE": "train@a_long_name"}, sleeping_log)
+        assert failed.wait(timeout=120) == 1
+        assert "ValueError: the probe's own error" in failed_log.read_text()
+        while not sleeping_log.read_text():
+            assert sleeping.poll() is None
+            sleeping.starter.pump(0.1)
+        assert open(f"/proc/{sleeping.pid}/comm").read().strip() == "train@a_long_na"  # its first 15 bytes: ps and top
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeping.wait(timeout=0.5)
+        os.killpg(sleeping.pid, signal.SIGTERM)  # what LocalExecutor.stop sends
+        assert sleeping.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        starter.close()
+    assert starter.proc.returncode == 0  # it left when its stdin closed
+
+
+def test_the_starter_gone_its_running_stage_is_reported_failed_once_it_has_exited(tmp_path):
+    env = stage_env(1)
+    starter = Starter(ROOT, env, tmp_path / "starter.log")
+    log = tmp_path / "sleep.log"
+    child = starter.spawn(["tests.warm_probe", "sleep"], env, log)
+    starter.proc.kill()
+    starter.proc.wait()
+    assert child.poll() is None  # still running, as an orphan
+    os.killpg(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == 1
+    assert "the warm starter died; this stage's exit status is unknown" in log.read_text()
+
+
+@pytest.mark.parametrize(("cmd", "argv"), [
+    ("python -m pipeline.stages.train bahdanau", ["pipeline.stages.train", "bahdanau"]),
+    ("python -m pipeline.stages.report  translation_de_en", ["pipeline.stages.report", "translation_de_en"]),
+    ("python -m pipeline.stages.train a && rm -rf b", None),  # shell syntax: the shell's
+    ("python -m pipeline.stages.train $HOME", None),
+    ("python3 -m pipeline.stages.train a", None),  # another interpreter than the stage env's `python`
+    ("python -m other.module a", None),
+    ("torchrun -m pipeline.stages.train a", None),
+])
+def test_only_plain_stage_commands_are_forked(cmd, argv):
+    assert forkable(cmd) == argv
