@@ -159,50 +159,62 @@ def test_dvc_lock_is_replaced_whole_so_a_running_stage_never_reads_half_of_it(tm
 @pytest.mark.integration
 def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_parsing_it_again(tmp_path, monkeypatch):
     """After ``dvc repro`` of a first stage, two stages committed one after another by the runner (the
-    lock file parsed once, then its dumped structure reused) and by ``dvc commit``: the same
-    dvc.lock, byte for byte."""
+    lock file parsed once, then its dumped structure reused; params.yaml parsed once per version of
+    the file) and by ``dvc commit``: the same dvc.lock, byte for byte, with params.yaml edited
+    between the two commits."""
     import subprocess
 
+    from dvc.dependency import param
     from dvc.utils.serialize import _yaml
 
-    stages = "".join(f"  s{i}:\n    cmd: echo {i} > out{i}.txt\n    deps: [in.txt]\n    outs: [out{i}.txt]\n"
-                     for i in range(3))
+    stages = "".join(f"  s{i}:\n    cmd: echo {i} > out{i}.txt\n    deps: [in.txt]\n    params: [p.v{i}]\n"
+                     f"    outs: [out{i}.txt]\n" for i in range(3))
     lock_texts = []
     for how in ("runner", "dvc"):
         root = tmp_path / how
         root.mkdir()
         subprocess.run("git init -q && dvc init -q && echo x > in.txt", shell=True, cwd=root, check=True)
         (root / "dvc.yaml").write_text("stages:\n" + stages)
+        (root / "params.yaml").write_text("p: {v0: 0, v1: 1, v2: 2}\n")
+        edit = (root / "params.yaml").write_text  # after the first commit: the second records the new value
         subprocess.run("dvc repro -q s0", shell=True, cwd=root, check=True)  # a lock file to start from
         for i in (1, 2):
             (root / f"out{i}.txt").write_text(f"{i}\n")
         if how == "dvc":
             for i in (1, 2):
                 subprocess.run(f"dvc commit -q -f s{i}", shell=True, cwd=root, check=True)
+                edit("p: {v0: 0, v1: 1, v2: 22}\n")
         else:
-            parses = []
+            parses, params_reads = [], []
 
             def counted(text, path, original=_yaml.parse_yaml_for_update, parses=parses):
                 parses.append(path)
                 return original(text, path)
 
+            def loaded(path, fs, original=param.load_path, **kwargs):
+                params_reads.append(path)
+                return original(path, fs, **kwargs)
+
             monkeypatch.setattr(_yaml, "parse_yaml_for_update", counted)
+            monkeypatch.setattr(param, "load_path", loaded)
             monkeypatch.chdir(root)  # stage names are relative to the working folder, as under the runner
             dvc = repro._Dvc(root)
             try:
                 for i in (1, 2):
                     dvc.commit(f"s{i}")
+                    edit("p: {v0: 0, v1: 1, v2: 22}\n")
             finally:
                 dvc.close()
             monkeypatch.undo()
             assert len(parses) == 1  # the second commit reused what the first one dumped
+            assert len(params_reads) == 2  # DVC asks six times: once per version of the file
         lock_texts.append((root / "dvc.lock").read_text())
-    assert "s2:" in lock_texts[0]
+    assert "s2:" in lock_texts[0] and "p.v2: 22" in lock_texts[0]
     assert lock_texts[0] == lock_texts[1]
 
 
 def test_dvc_is_a_version_the_lock_writes_are_tested_on():
-    """dvc_lock wraps two DVC internals: pyproject.toml pins DVC's minor version, the installed DVC is
+    """dvc_lock wraps three DVC internals: pyproject.toml pins DVC's minor version, the installed DVC is
     in that range, and the internals are where the wrapper looks for them."""
     import tomllib
     from importlib.metadata import version
@@ -217,3 +229,6 @@ def test_dvc_is_a_version_the_lock_writes_are_tested_on():
     assert dvc.specifier.contains(version("dvc")), (str(dvc.specifier), version("dvc"))
     assert any(s.operator == "<" for s in dvc.specifier), "an upper bound: a later DVC may move its internals"
     assert callable(_common._dump_data) and callable(_yaml.parse_yaml_for_update)
+    from dvc.dependency import param
+
+    assert callable(param.load_path)

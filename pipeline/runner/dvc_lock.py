@@ -4,6 +4,7 @@ before a run and each finished stage committed to ``dvc.lock``, which is written
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from pathlib import Path
@@ -66,6 +67,46 @@ class _LockWrites:
             _common._dump_data, _yaml.parse_yaml_for_update = dump, parse
 
 
+class _ParamsReads:
+    """DVC's params file reads, parsed once per version of the file instead of once per question.
+
+    Hashing a stage's ``params:`` dependency parses the whole params.yaml (ruamel's pure-Python
+    loader: 0.6 s for the smoke profile's file here), and a commit hashes it three times (saving the
+    dependency, then twice in the run cache's ``_can_hash``): 2 s of the runner's one thread per
+    stage, while a slot waits. A file read again while its inode, size and mtime are unchanged gets a
+    deep copy of what its last parse gave, which is what parsing it again would give.
+
+    A DVC internal (``dvc.dependency.param.load_path``), like ``_LockWrites``' (pyproject.toml pins
+    DVC); a DVC without it reads the file each time."""
+
+    def __init__(self):
+        self.parsed: dict[tuple, object] = {}
+
+    @contextlib.contextmanager
+    def __call__(self):
+        from dvc.dependency import param
+
+        load = getattr(param, "load_path", None)
+        if load is None:
+            yield
+            return
+
+        def load_once(path, fs, **kwargs):
+            if getattr(fs, "protocol", None) != "local":
+                return load(path, fs, **kwargs)
+            st = os.stat(path)
+            key = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, repr(sorted(kwargs.items())))
+            if key not in self.parsed:
+                self.parsed[key] = load(path, fs, **kwargs)
+            return copy.deepcopy(self.parsed[key])
+
+        param.load_path = load_once
+        try:
+            yield
+        finally:
+            param.load_path = load
+
+
 class _Dvc:
     """One DVC repository and its stages, loaded once for a run, as ``dvc repro`` holds them.
 
@@ -78,6 +119,7 @@ class _Dvc:
     def __init__(self, root: Path):
         self.root, self.repo, self.stages = root, None, {}
         self.lock_writes = _LockWrites()
+        self.params_reads = _ParamsReads()
 
     def stage(self, name: str):
         if self.repo is None:
@@ -87,7 +129,7 @@ class _Dvc:
 
     def changed(self, name: str) -> bool:
         stage = self.stage(name)
-        with self.repo.lock:  # the stage's read/write locks need the repository lock held
+        with self.repo.lock, self.params_reads():  # the stage's read/write locks need the repository lock held
             return stage.changed()
 
     def remove_outs(self, name: str) -> None:
@@ -100,7 +142,7 @@ class _Dvc:
         """Record a finished stage in dvc.lock (and its outputs in the cache) as ``dvc repro`` does:
         the steps of DVC's ``Repo.commit(name, force=True)`` on the loaded stage."""
         stage = self.stage(name)
-        with self.repo.lock, self.lock_writes():
+        with self.repo.lock, self.lock_writes(), self.params_reads():
             stage.save()
             stage.commit(relink=True)
             stage.dvcfile.dump_stages([stage], update_pipeline=False)
