@@ -213,6 +213,40 @@ def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_par
     assert lock_texts[0] == lock_texts[1]
 
 
+def test_the_lock_file_dumped_entry_by_entry_is_dvcs_whole_dump():
+    """The committed dvc.lock (every stage of the zoo) parsed as DVC parses it: written entry by entry
+    it is the same text as DVC's whole dump, also after one entry is replaced by DVC's serialised
+    form of a stage (a plain dict), and a second write dumps only the replaced entry."""
+    import io
+
+    from dvc.utils.serialize import _yaml
+
+    from pipeline.config import ROOT
+    from pipeline.runner.dvc_lock import _LockWrites
+
+    def whole(data) -> str:
+        stream = io.StringIO()
+        _yaml._dump(data, stream)
+        return stream.getvalue()
+
+    text = (ROOT / "dvc.lock").read_text()
+    data = _yaml.parse_yaml_for_update(text, "dvc.lock")
+    writes, calls = _LockWrites(), []
+
+    def counted(item, stream):
+        calls.append(item)
+        _yaml._dump(item, stream)
+
+    assert writes.render(data, counted) == text
+    name = "train@bahdanau"
+    data["stages"][name] = {**{k: data["stages"][name][k] for k in ("cmd", "deps", "params")},
+                            "outs": [{"path": "runs/bahdanau/checkpoint", "hash": "md5", "md5": "0" * 32 + ".dir",
+                                      "size": 1, "nfiles": 1}]}
+    calls.clear()
+    assert writes.render(data, counted) == whole(data) != text
+    assert len(calls) == 2  # the schema line and the replaced entry
+
+
 def test_dvc_is_a_version_the_lock_writes_are_tested_on():
     """dvc_lock wraps three DVC internals: pyproject.toml pins DVC's minor version, the installed DVC is
     in that range, and the internals are where the wrapper looks for them."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import logging
 import os
 from pathlib import Path
@@ -25,14 +26,46 @@ class _LockWrites:
     Not parsed again: each commit is DVC's round-trip parse of the whole lock file (2.3 s for 178
     stages here), an update of one entry, and a dump (1.5 s), on the runner's one thread while a
     slot waits for its next stage. When the file still holds exactly the text last written, the
-    structure that was dumped is what parsing would give, so it is handed back instead; DVC's
-    own dumper still writes the result, byte for byte what ``dvc commit`` writes (tested).
+    structure that was dumped is what parsing would give, so it is handed back instead.
+
+    Not dumped whole: DVC's dumper writes ``schema`` and then each stage's entry under ``stages:``,
+    and an entry's text depends on that entry only, so the text of each entry is kept and only the
+    entries a commit replaced are dumped again, each by DVC's own dumper in the same nesting. The
+    result is byte for byte what ``dvc commit`` writes (tested, and on the committed dvc.lock).
 
     Both are DVC internals (``_common._dump_data``, ``_yaml.parse_yaml_for_update``), so pyproject.toml
     pins DVC to the minor version this is tested on; a DVC without them gets DVC's own writes."""
 
     def __init__(self):
         self.path = self.text = self.data = None
+        self.entries: dict[str, tuple[object, object, str]] = {}  # stage -> (entry, a copy of it, its text)
+
+    def render(self, data, dumper) -> str:
+        """The text ``dumper(data)`` writes for a lock file's ``{"schema", "stages"}``, stage by stage."""
+        def dumped(item) -> str:
+            stream = io.StringIO()
+            dumper(item, stream)
+            return stream.getvalue()
+
+        def nested(name: str, entry) -> str | None:
+            kept = self.entries.get(name)
+            if kept is None or kept[0] is not entry or kept[1] != entry:  # a replaced (or changed) entry
+                stages = type(data["stages"])()
+                stages[name] = entry
+                wrapper = type(data)()
+                wrapper["stages"] = stages
+                text = dumped(wrapper)
+                if not text.startswith("stages:\n"):  # not a block under the key: leave it to the whole dump
+                    return None
+                kept = self.entries[name] = (entry, copy.deepcopy(entry), text[len("stages:\n"):])
+            return kept[2]
+
+        if list(data) != ["schema", "stages"] or not data["stages"]:
+            return dumped(data)
+        head = type(data)()
+        head["schema"] = data["schema"]
+        texts = [nested(name, entry) for name, entry in data["stages"].items()]
+        return dumped(data) if None in texts else "".join([dumped(head), "stages:\n", *texts])
 
     @contextlib.contextmanager
     def __call__(self):
@@ -48,7 +81,7 @@ class _LockWrites:
         def atomic(path, data, dumper, fs=None, **dumper_args):
             self.path = None  # a dump that fails leaves no structure that claims the file
             tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
-            dump(tmp, data, dumper, fs=fs, **dumper_args)
+            dump(tmp, data, lambda d, stream: stream.write(self.render(d, dumper)), fs=fs, **dumper_args)
             text = Path(tmp).read_text(encoding="utf-8")
             os.replace(tmp, os.fspath(path))
             self.path, self.text, self.data = os.path.abspath(path), text, data
