@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import ROOT
-from pipeline.runner.warm import Starter, forkable
+from pipeline.runner.warm import Forked, Starter, forkable
 
 pytestmark = pytest.mark.integration  # starts processes
 
@@ -95,3 +96,38 @@ def test_the_starter_gone_its_running_stage_is_reported_failed_once_it_has_exite
 ])
 def test_only_plain_stage_commands_are_forked(cmd, argv):
     assert forkable(cmd) == argv
+
+
+def test_the_executor_forks_stage_commands_and_runs_the_rest_through_the_shell(tmp_path):
+    """``LocalExecutor``: a ``python -m pipeline.stages.*`` command is forked by a starter, a shell
+    command is not; and once the starter is gone (killed here, as the kernel's OOM killer would),
+    the next stage runs through the shell as before."""
+    from pipeline.runner.executors import LocalExecutor
+    from pipeline.runner.plan import Node
+
+    def run(executor: LocalExecutor, cmd: str, name: str) -> tuple[int, str, str]:
+        log = tmp_path / f"{name}.log"
+        executor.start(Node(name=name, cmd=cmd, upstream=set(), kind=name.split("@")[0], changed=True), log)
+        how = "forked" if isinstance(executor.procs[name][0], Forked) else "shell"
+        deadline = time.monotonic() + 120
+        while not (done := executor.finished(0.5)):
+            assert time.monotonic() < deadline
+        ((_, rc, _),) = done
+        return rc, log.read_text(), how
+
+    probe = "python -m pipeline.stages.task_code --help"
+    executor = LocalExecutor(ROOT, jobs=1)
+    try:
+        assert run(executor, probe, "task_code@forked")[::2] == (0, "forked")
+        rc, log, how = run(executor, "echo $DVC_STAGE", "report@shell")
+        assert (rc, how, log.splitlines()[-1]) == (0, "shell", "report@shell")
+
+        (starter,) = executor.starters.values()
+        starter.proc.kill()
+        starter.proc.wait()
+        rc, log, how = run(executor, probe, "task_code@after")
+        assert (rc, how) == (0, "shell") and "usage:" in log
+        assert list(executor.starters.values()) == [None]  # the shell's, from now on
+    finally:
+        executor.stop()
+    assert not executor.starters

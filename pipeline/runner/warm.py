@@ -177,7 +177,12 @@ def _serve() -> None:
                 pid = os.fork()
                 if pid == 0:
                     _become(request, children)  # only leaves by exiting
-                children[os.pidfd_open(pid)] = (request["id"], pid)
+                try:
+                    children[os.pidfd_open(pid)] = (request["id"], pid)
+                except OSError:  # unwatchable: stopped before its pid is reported, so the runner runs it itself
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    raise
                 _reply(id=request["id"], pid=pid)
 
 
@@ -212,6 +217,10 @@ def _name(title: str) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle
+    try:  # a child is watched through its pidfd (Linux 5.3+); without one, stages start through the shell
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as err:
+        sys.exit(f"the warm starter needs os.pidfd_open (Linux 5.3 or later): {err}")
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
