@@ -68,12 +68,19 @@ def stage(repo: Path, uri: str, *args: str, timeout: float = 300) -> subprocess.
                           timeout=timeout)
 
 
-def test_stages_log_to_a_tracking_server(repo, server):
+@pytest.fixture(scope="module")
+def staged(repo, server) -> subprocess.CompletedProcess:
+    """The ACT's train, evaluate, export, quantize and publish stages run once against the server: what
+    the tests below read (runs/act, model_repository/act) exists whichever of them runs first, or alone."""
+    return stage(repo, server[0], "-c", STAGES)
+
+
+def test_stages_log_to_a_tracking_server(repo, server, staged):
     import mlflow
 
     url, artifacts = server
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    proc = stage(repo, url, "-c", STAGES)
+    proc = staged
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "act: version 1 in model_repository/act (production)" in proc.stdout, proc.stdout
     assert "act-int8: version 1 in model_repository/act-int8 (production)" in proc.stdout, proc.stdout
@@ -155,7 +162,7 @@ def test_resume_continues_the_same_run(server, monkeypatch, capsys):
     assert client.get_run(first).info.status == "FINISHED"
 
 
-def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
+def test_unreachable_server_is_one_sentence_within_seconds(repo, staged, monkeypatch):
     from pipeline import tracking
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -187,7 +194,7 @@ def test_unreachable_server_is_one_sentence_within_seconds(repo, monkeypatch):
     assert sorted(p.name for p in (repo / "model_repository" / "act").glob("*")) == versions
 
 
-def test_publish_refuses_graphs_whose_parity_failed(repo, server, monkeypatch):
+def test_publish_refuses_graphs_whose_parity_failed(repo, server, staged, monkeypatch):
     """Nothing of a model whose ONNX graphs do not compute what PyTorch computes enters the
     repository or the registry: one sentence, exit 2 from the CLI."""
     from pipeline.config import resolve
