@@ -192,7 +192,7 @@ def test_the_runner_writes_dvc_lock_byte_for_byte_as_dvc_commit_does_without_par
                 parses.append(path)
                 return original(text, path)
 
-            def loaded(path, fs, original=param.load_path, **kwargs):
+            def loaded(path, fs, original=param.load_path, params_reads=params_reads, **kwargs):
                 params_reads.append(path)
                 return original(path, fs, **kwargs)
 

@@ -70,10 +70,10 @@ class LocalExecutor:
 
     def _fork(self, argv: list[str], env: dict[str, str], log: Path):
         """The stage forked by the starter for its environment (started on first use), or None."""
-        key = tuple(sorted((k, v) for k, v in env.items() if k != "DVC_STAGE"))
+        shared = {k: v for k, v in env.items() if k != "DVC_STAGE"}  # what every stage of a thread count has
+        key = tuple(sorted(shared.items()))
         if key not in self.starters:
-            self.starters[key] = Starter(self.root, {k: v for k, v in env.items() if k != "DVC_STAGE"},
-                                         log.parent / "warm_starter.log")
+            self.starters[key] = Starter(self.root, shared, log.parent / "warm_starter.log")
         starter = self.starters[key]
         if starter is None:
             return None

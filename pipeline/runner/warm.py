@@ -128,7 +128,7 @@ class Forked:
         if self.returncode is None and not self.starter.alive and not _exists(self.pid):
             # The starter died before reporting this child, which has exited since: its status is lost.
             with self.log.open("a") as log:
-                print(f"attnzoo repro: the warm starter died; this stage's exit status is unknown", file=log)
+                print("attnzoo repro: the warm starter died; this stage's exit status is unknown", file=log)
             self.returncode = 1
         return self.returncode
 
