@@ -4,11 +4,10 @@ Align and Translate" (arXiv:1409.0473).
 Bidirectional GRU encoder (annotations h_j = [h→_j; h←_j]), GRU decoder whose state follows
 s_i = f(s_{i-1}, y_{i-1}, c_i) with context c_i = Σ_j α_ij h_j from additive attention
 (eqs. 5-6), initial state s_0 = tanh(W_s h←_1) and a deep maxout output layer (appendix A.2.2).
-``attention: none`` is the paper's RNNencdec ablation (Cho et al. 2014, the encoder-decoder the
-paper compares against in Fig. 2): a forward GRU reads the source, c = tanh(V h_S) is one fixed
-context for every step and s_0 = tanh(V' c). It has no backward encoder: that half of RNNsearch
-exists to give the attention annotations of both directions, and with it the summary would hold
-the sentence's start as fresh as its end, which is what the fixed-vector baseline is meant to lack.
+``attention: none`` is the paper's RNNencdec ablation (Cho et al. 2014, the paper's Fig. 2 baseline): a forward
+GRU reads the source, c = tanh(V h_S) is one fixed context for every step and s_0 = tanh(V' c). It has no backward
+encoder: that half of RNNsearch exists to give the attention annotations of both directions, and with it the summary
+would hold the sentence's start as fresh as its end, which is what the fixed-vector baseline is meant to lack.
 
 Dimension legend
     B batch, S source length, T target length, E embedding, H encoder hidden (per direction),
@@ -42,6 +41,7 @@ class BahdanauConfig:
     label_smoothing: float = 0.1
     attention: str = "additive"  # additive | none (RNNencdec ablation)
     max_len: int = 60  # decoding limit in target tokens
+    teacher_forced: str = "per_step"  # or "hoisted": how loss() runs the decoder (hoisted_loss, end of file)
 
 
 @register("bahdanau", BahdanauConfig)
@@ -121,14 +121,14 @@ class Bahdanau(nn.Module):
     # ---- model contract --------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Teacher-forced cross-entropy over target tokens (padding ignored)."""
+        if self.cfg.teacher_forced != "per_step":
+            return hoisted_loss(self, batch)
         memory, keys, state, mask = self.encode(batch["src"], batch["src_len"])
         readouts = []
         for t in range(batch["tgt_in"].shape[1]):
             readout, state, _ = self._readout(batch["tgt_in"][:, t], state, memory, keys, mask)
             readouts.append(readout)
-        # The vocabulary projection is most of a step's work and no later step needs it, so it
-        # runs once over all steps: one large matrix product instead of T small ones, and its
-        # weight gradient is one product over B*T rows instead of T accumulated outer products.
+        # The vocabulary projection, most of a step's work, once over all steps: one product, one weight gradient
         logits = self.out_proj(torch.stack(readouts, dim=1))  # T x [B,O] -> [B,T,O] -> [B,T,V]
         smoothing = self.cfg.label_smoothing if self.training else 0.0
         loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
@@ -209,3 +209,74 @@ class _DecoderStep(nn.Module):
         logits, new_state, align = self.model.step(y_prev, state, memory, keys, mask)
         # Log-probabilities: what greedy and beam search both consume.
         return torch.log_softmax(logits, dim=-1), new_state, align
+
+
+# ---- the teacher-forced loss with the step-independent work out of the time loop ----------------------------
+# Below the exported classes on purpose: the ONNX graphs record the source lines they were traced from.
+def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """``model.loss`` with ``teacher_forced: hoisted``: the same function and the same dropout masks, only
+    rounding differs (tests/test_registry.py). The time loop keeps what needs the previous state (the
+    attention and the GRU's recurrent product); the embedding's share of the GRU input, the deep-output
+    layers and the dropout run over all steps at once (a few large matrix products instead of many small
+    ones), and a step's context share of the GRU input is its alignment times the annotations projected
+    once (W Σ_j α_j h_j = Σ_j α_j W h_j)."""
+    if model.cfg.teacher_forced != "hoisted":
+        raise ValueError(f"teacher_forced must be 'per_step' or 'hoisted', got '{model.cfg.teacher_forced}'")
+    memory, keys, state, mask = model.encode(batch["src"], batch["src_len"])
+    tgt_in, cell, split = batch["tgt_in"], model.cell, model.cfg.emb_dim
+    bsz, steps = tgt_in.shape
+    emb_noise, out_noise = _dropout_noise(model, bsz, steps, memory.device)
+    emb = model.tgt_embed(tgt_in)  # [B,T,E]
+    if emb_noise is not None:
+        emb = emb * emb_noise  # as nn.Dropout scales: input * (mask / (1 - p))
+    linear = nn.functional.linear
+    gi_steps = linear(emb, cell.weight_ih[:, :split], cell.bias_ih).unbind(dim=1)  # [B,T,3D] -> T x [B,3D]
+    additive = model.cfg.attention == "additive"
+    # [B,S,3D]: W h_j of every annotation; [B,3D]: the one fixed context's
+    ctx_gi = linear(memory if additive else memory[:, 0], cell.weight_ih[:, split:])
+    states, aligns = [], []
+    for t in range(steps):
+        if additive:
+            align = torch.softmax(model.attention.score(state, keys, mask), dim=-1)  # [B,S]
+            aligns.append(align)
+            gi = gi_steps[t] + torch.bmm(align.unsqueeze(1), ctx_gi).squeeze(1)  # [B,1,3D] -> [B,3D]
+        else:
+            gi = gi_steps[t] + ctx_gi
+        state = _gru_cell(gi, state, cell)  # [B,D]
+        states.append(state)
+    # [B,T,S] x [B,S,C] -> [B,T,C], or the fixed context [B,1,C] broadcast over the steps
+    context = torch.bmm(torch.stack(aligns, dim=1), memory) if additive else memory[:, :1]
+    t = (model.out_state(torch.stack(states, dim=1)) + model.out_embed(emb)
+         + model.out_context(context))  # T x [B,D] -> [B,T,D]; [B,T,2O]
+    t = t.view(bsz, steps, -1, 2).max(dim=-1).values  # [B,T,O,2] -> [B,T,O] maxout
+    readouts = t if out_noise is None else t * out_noise.to(t.dtype)
+    smoothing = model.cfg.label_smoothing if model.training else 0.0
+    loss, acc = token_loss(model.out_proj(readouts), batch["tgt_out"], model.cfg.pad_id, smoothing)
+    return loss, {"token_acc": acc}
+
+
+def _dropout_noise(model: Bahdanau, bsz: int, steps: int, device: torch.device) -> tuple[Tensor | None, ...]:
+    """The dropout masks the per-step loss draws, in its order (the embedding's, then the readout's, at each
+    step) and dtypes, scaled by 1 / (1 - p): (embedding [B,T,E], readout [B,T,O]), or Nones."""
+    p = model.drop.p
+    if not model.training or p == 0:
+        return None, None
+    autocast = torch.is_autocast_enabled(device.type)
+    out_dtype = torch.get_autocast_dtype(device.type) if autocast else torch.float32
+    emb, out = [], []
+    for _ in range(steps):
+        emb.append(torch.empty(bsz, model.cfg.emb_dim, device=device).bernoulli_(1 - p).div_(1 - p))
+        out.append(torch.empty(bsz, model.cfg.maxout_dim, device=device, dtype=out_dtype)
+                   .bernoulli_(1 - p).div_(1 - p))
+    return torch.stack(emb, dim=1), torch.stack(out, dim=1)  # T x [B,F] -> [B,T,F]
+
+
+def _gru_cell(gi: Tensor, h: Tensor, cell: nn.GRUCell) -> Tensor:
+    """``cell`` on an input whose projection W_ih x + b_ih is ``gi`` [B,3D]; h [B,D] -> h' [B,D] (PyTorch's
+    GRUCell: gates r, z, n in that order, h' = (h - n) z + n)."""
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)  # [B,3D] -> 3 x [B,D]
+    h_r, h_z, h_n = nn.functional.linear(h, cell.weight_hh, cell.bias_hh).chunk(3, dim=-1)  # 3 x [B,D]
+    reset = torch.sigmoid(h_r + i_r)
+    update = torch.sigmoid(h_z + i_z)
+    new = torch.tanh(i_n + h_n * reset)
+    return (h - new) * update + new

@@ -1,19 +1,16 @@
-"""Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine
-Translation" (arXiv:1508.04025).
+"""Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine Translation" (arXiv:1508.04025).
 
 LSTM encoder and decoder (stacked when ``layers`` > 1). At step t the top decoder state h_t attends over the encoder
-states h̄_s (global: all of them; local: a window around p_t), giving the context c_t and the
-attentional hidden state h̃_t = tanh(W_c[c_t; h_t]) (eq. 5), from which p(y_t) = softmax(W_s h̃_t)
-(eq. 6). Input feeding (§3.3): h̃_{t-1} is concatenated with the input embedding at step t.
-Scores (eq. 8, ``models.layers.LuongAttention``): dot | general | concat. Positions:
-``global``; ``local_m`` (p_t = t); ``local_p`` (p_t = S·σ(v_pᵀ tanh(W_p h_t)), eq. 9, S the
-source length), both with a Gaussian window of σ = D/2 (eq. 10).
+states h̄_s (global: all of them; local: a window around p_t), giving the context c_t and the attentional hidden state
+h̃_t = tanh(W_c[c_t; h_t]) (eq. 5), from which p(y_t) = softmax(W_s h̃_t) (eq. 6). Input feeding (§3.3): h̃_{t-1} is
+concatenated with the input embedding at step t. Scores (eq. 8, ``models.layers.LuongAttention``): dot | general |
+concat. Positions: ``global``; ``local_m`` (p_t = t); ``local_p`` (p_t = S·σ(v_pᵀ tanh(W_p h_t)), eq. 9, S the source
+length), both with a Gaussian window of σ = D/2 (eq. 10).
 
-Departures: dot/general energies are divided by √D (``scaled``; unscaled, the softmax
-saturated on the sentence-final states in training and the model ignored the source). The
-decoder starts from the encoder's top-to-bottom hidden states at the last real source token with
-zero cells (the padded batch runs through ``nn.LSTM``, which does not expose per-position cell
-states; packed sequences do not export with dynamic lengths).
+Departures: dot/general energies are divided by √D (``scaled``; unscaled, the softmax saturated on the sentence-final
+states in training and the model ignored the source). The decoder starts from the encoder's top-to-bottom hidden
+states at the last real source token with zero cells (the padded batch runs through ``nn.LSTM``, which does not expose
+per-position cell states; packed sequences do not export with dynamic lengths).
 
 Dimension legend
     B batch, S source length, T target length, E embedding, D hidden (encoder = decoder),
@@ -62,6 +59,7 @@ class LuongConfig:
     dropout: float = 0.2
     label_smoothing: float = 0.1
     max_len: int = 60  # decoding limit in target tokens
+    teacher_forced: str = "per_step"  # or "hoisted": loss() projects every step's h̃_t once, after its loop
 
 
 @register("luong", LuongConfig)
@@ -70,6 +68,8 @@ class Luong(nn.Module):
         super().__init__()
         if cfg.attention not in ("global", "local_m", "local_p"):
             raise ValueError(f"attention must be global, local_m or local_p, got '{cfg.attention}'")
+        if cfg.teacher_forced not in ("per_step", "hoisted"):
+            raise ValueError(f"teacher_forced must be 'per_step' or 'hoisted', got '{cfg.teacher_forced}'")
         self.cfg = cfg
         d = cfg.hidden
         self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
@@ -124,10 +124,10 @@ class Luong(nn.Module):
                 "h": h, "c": torch.zeros_like(h), "feed": zeros, "pos": zeros[:, 0]}
 
     # ---- one decoder step ------------------------------------------------------------------
-    def step(self, y_prev: Tensor, h: Tensor, c: Tensor, feed: Tensor, pos: Tensor, memory: Tensor,
-             keys: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """y_prev [B], carried h/c [B,L,D], feed [B,D], pos [B] ->
-        (logits [B,V], alignment a_t [B,S], new h, c, feed h̃_t, pos t+1, position p_t [B])."""
+    def step(self, y_prev: Tensor, h: Tensor, c: Tensor, feed: Tensor, pos: Tensor, memory: Tensor, keys: Tensor,
+             mask: Tensor, project: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """y_prev [B], carried h/c [B,L,D], feed [B,D], pos [B] -> (logits [B,V] (without ``project``: the dropped
+        h̃_t [B,D]), alignment a_t [B,S], new h, c, feed h̃_t, pos t+1, position p_t [B])."""
         x = torch.cat([self.drop(self.tgt_embed(y_prev)), feed], dim=-1)  # [B,E+D] input feeding
         hs, cs = [], []
         for i, cell in enumerate(self.decoder):
@@ -149,7 +149,7 @@ class Luong(nn.Module):
             align = local_window(scores, center, self.cfg.window)
         context = torch.bmm(align.unsqueeze(1), memory).squeeze(1)  # [B,1,S]x[B,S,D] -> [B,D]
         attentional = torch.tanh(self.combine(torch.cat([context, top], dim=-1)))  # h̃_t [B,D]
-        logits = self.out_proj(self.drop(attentional))
+        logits = self.out_proj(self.drop(attentional)) if project else self.drop(attentional)
         return (logits, align, torch.stack(hs, 1), torch.stack(cs, 1),  # L x [B,D] -> [B,L,D]
                 attentional, pos + 1, center)
 
@@ -158,12 +158,12 @@ class Luong(nn.Module):
         """Teacher-forced cross-entropy over target tokens (padding ignored)."""
         enc = self.encode(batch["src"], batch["src_len"])
         h, c, feed, pos = enc["h"], enc["c"], enc["feed"], enc["pos"]
-        logits = []
-        for t in range(batch["tgt_in"].shape[1]):
-            step_logits, _, h, c, feed, pos, _ = self.step(batch["tgt_in"][:, t], h, c, feed, pos,
-                                                           enc["memory"], enc["keys"], enc["mask"])
-            logits.append(step_logits)
-        logits = torch.stack(logits, dim=1)  # T x [B,V] -> [B,T,V]
+        hoisted, logits = self.cfg.teacher_forced == "hoisted", []
+        for t in range(batch["tgt_in"].shape[1]):  # hoisted: one vocabulary projection (and weight gradient)
+            step_logits, _, h, c, feed, pos, _ = self.step(batch["tgt_in"][:, t], h, c, feed, pos, enc["memory"],
+                                                           enc["keys"], enc["mask"], project=not hoisted)
+            logits.append(step_logits)  # [B,V], hoisted [B,D]
+        logits = torch.stack(logits, dim=1) if not hoisted else self.out_proj(torch.stack(logits, dim=1))  # [B,T,V]
         smoothing = self.cfg.label_smoothing if self.training else 0.0
         loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
         return loss, {"token_acc": acc}

@@ -66,11 +66,15 @@ class TrainConfig:
     # Stop after this many validations without a lower validation loss (0: run the whole budget). The
     # schedule still spans the budget, so a run that stops early followed the same curve until then.
     patience: int = 0
+    # cpu_sdpa: "math" runs F.scaled_dot_product_attention as its explicit matmul-softmax-matmul in training
+    # steps on a CPU, where the fused flash kernel's backward is slow (a third of a Transformer step in
+    # bf16, docs/benchmarks.md); "" keeps PyTorch's choice. GPUs keep their fused kernels either way.
+    cpu_sdpa: str = ""
 
 
 # Left out of a run's recorded config (as_dict) while at their defaults, so that a run without them
 # records, and checkpoints, exactly what it did before they existed.
-OPT_IN_KEYS = ("compile", "fused_adamw", "patience")
+OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa")
 
 
 @dataclass

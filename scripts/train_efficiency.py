@@ -102,9 +102,11 @@ def make_work(work: Path, entries: list[str]) -> Path:
 
 
 def fast_settings(name: str) -> dict:
-    """The entry's train overrides in profiles/fast.yaml, or the profile in $FAST_PROFILE ({} where it has none)."""
+    """The entry's overrides in profiles/fast.yaml, or the profile in $FAST_PROFILE ({} where it has none): its
+    train block's keys as they are, its model block's as ``model.<key>``."""
     profile = yaml.safe_load(Path(os.environ.get("FAST_PROFILE", ROOT / "profiles" / "fast.yaml")).read_text())
-    return dict((profile.get("models") or {}).get(name, {}).get("train", {}))
+    blocks = (profile.get("models") or {}).get(name, {})
+    return {**blocks.get("train", {}), **{f"model.{k}": v for k, v in blocks.get("model", {}).items()}}
 
 
 def step_count(name: str) -> int:

@@ -197,13 +197,16 @@ def test_config_dataclasses_are_typed():
             assert f.type is not None
 
 
+@pytest.mark.parametrize("teacher_forced", ["per_step", "hoisted"])
 @pytest.mark.parametrize("attention", ["additive", "none"])
-def test_bahdanau_trains_on_the_step_it_exports(attention):
-    """``loss`` projects onto the vocabulary once after the loop; it must still be the loss of the
-    exported ``step`` run step by step, dropout included: the same seed draws the same masks."""
+def test_bahdanau_trains_on_the_step_it_exports(attention, teacher_forced):
+    """``loss`` projects onto the vocabulary once after the loop (and, hoisted, runs every product that does
+    not need the previous state over all steps at once); it must still be the loss of the exported
+    ``step`` run step by step, dropout included: the same seed draws the same masks."""
     from models.layers import token_loss
     torch.manual_seed(0)
-    model = models.build("bahdanau", {**TINY["bahdanau"], "attention": attention, "dropout": 0.3}).train()
+    model = models.build("bahdanau", {**TINY["bahdanau"], "attention": attention, "dropout": 0.3,
+                                      "teacher_forced": teacher_forced}).train()
     batch = tiny_batch("bahdanau")
     torch.manual_seed(7)
     loss, _ = model.loss(batch)
@@ -247,6 +250,28 @@ def test_rnnencdec_ablation_is_a_forward_encoder_and_one_fixed_context(tmp_path)
     cases = [(f"batch {b}", tiny_batch("bahdanau", seed=b, batch=b)) for b in (1, 3)]
     report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert report["passed"], report
+
+
+@pytest.mark.parametrize("attention", ["global", "local_p"])
+def test_luong_hoisted_projection_is_the_per_step_loss(attention):
+    """``teacher_forced: hoisted`` projects the dropped h̃_t of every step onto the vocabulary after the loop:
+    the same loss and gradients as the step the model exports, run step by step, dropout masks included."""
+    losses, grads = {}, {}
+    for mode in ("per_step", "hoisted"):
+        torch.manual_seed(0)
+        model = models.build("luong", {**TINY["luong"], "attention": attention, "layers": 2, "dropout": 0.3,
+                                       "teacher_forced": mode}).train()
+        torch.manual_seed(7)
+        losses[mode], _ = model.loss(tiny_batch("luong"))
+        grads[mode] = torch.autograd.grad(losses[mode], list(model.parameters()), allow_unused=True)
+    assert losses["per_step"].item() > 1.0  # untrained: far from zero, so the comparison means something
+    assert_close(losses["hoisted"], losses["per_step"], rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads["hoisted"], grads["per_step"]):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="teacher_forced must be 'per_step' or 'hoisted', got 'sideways'"):
+        models.build("luong", {**TINY["luong"], "teacher_forced": "sideways"})
 
 
 @pytest.mark.parametrize("score,attention,encoder", [

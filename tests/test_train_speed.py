@@ -25,9 +25,10 @@ def test_opt_in_settings_are_recorded_only_when_on(ntm_copy_root):
     train(run, root / "plain", progress=False)
     saved = json.loads((root / "plain" / "checkpoint" / "best" / "config.json").read_text())
     assert not set(OPT_IN_KEYS) & set(saved["train"])  # the config.json a run wrote before these existed
-    on = resolve("ntm", root=root, overrides={"fused_adamw": True, "patience": 3, "compile": "step"})
+    on = resolve("ntm", root=root, overrides={"fused_adamw": True, "patience": 3, "compile": "step",
+                                              "cpu_sdpa": "math"})
     assert {k: as_dict(on)["train"][k] for k in OPT_IN_KEYS} == {"compile": "step", "fused_adamw": True,
-                                                                 "patience": 3}
+                                                                 "patience": 3, "cpu_sdpa": "math"}
 
 
 def test_patience_stops_after_validations_without_a_lower_loss_and_a_resume_stays_stopped(ntm_copy_root):
@@ -79,6 +80,45 @@ def test_a_compiled_step_trains_like_the_eager_one(ntm_copy_root, monkeypatch):
         torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
 
 
+def _backward_nodes(loss: torch.Tensor) -> set[str]:
+    seen, todo, names = set(), [loss.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo += [next_fn for next_fn, _ in node.next_functions]
+    return names
+
+
+def test_cpu_sdpa_math_runs_the_explicit_attention_and_computes_the_same_gradients():
+    """The Transformer's step under ``cpu_sdpa: math``: no fused flash kernel in its backward graph, and the
+    same loss and gradients as PyTorch's own choice up to fp32 rounding."""
+    import models
+    from pipeline.config import TrainConfig
+    from pipeline.training.loop import attention_kernels
+    from tests.conftest import TINY, tiny_batch
+
+    grads, nodes = {}, {}
+    for setting in ("", "math"):
+        torch.manual_seed(0)
+        model = models.build("transformer", TINY["transformer"]).train()
+        with attention_kernels(TrainConfig(cpu_sdpa=setting), torch.device("cpu"))():
+            torch.manual_seed(1)  # the same dropout masks
+            loss, _ = model.loss(tiny_batch("transformer", seed=0))
+        loss.backward()
+        nodes[setting] = _backward_nodes(loss)
+        grads[setting] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    flash = {n for n in nodes[""] if "FlashAttention" in n}
+    assert flash and not {n for n in nodes["math"] if "FlashAttention" in n}
+    assert set(grads[""]) == set(grads["math"])
+    for name in grads[""]:
+        torch.testing.assert_close(grads["math"][name], grads[""][name], rtol=1e-4, atol=1e-5)
+    with pytest.raises(UserError, match="train.cpu_sdpa is 'flash'; use '' .* or 'math'"):
+        attention_kernels(TrainConfig(cpu_sdpa="flash"), torch.device("cpu"))
+
+
 def test_compile_names_a_method_of_the_model(ntm_copy_root):
     root = ntm_copy_root
     run = resolve("ntm", root=root, overrides={"compile": "forwardd"})
@@ -87,9 +127,10 @@ def test_compile_names_a_method_of_the_model(ntm_copy_root):
 
 
 
-def test_the_fast_profile_changes_only_the_train_blocks_it_names():
+def test_the_fast_profile_changes_only_the_train_and_model_blocks_it_names():
     import dataclasses
 
+    import models
     from pipeline import profiles
     from pipeline.config import TrainConfig, load_params
 
@@ -98,10 +139,13 @@ def test_the_fast_profile_changes_only_the_train_blocks_it_names():
     applied = profiles.apply(params, fast)
     assert list(applied["models"]) == list(params["models"])  # every entry, as params.yaml has them
     for name, entry in applied["models"].items():
-        settings = (fast.get("models") or {}).get(name, {}).get("train", {})
-        assert entry["train"] == {**params["models"][name].get("train", {}), **settings}, name
-        assert {k: v for k, v in entry.items() if k != "train"} == \
-            {k: v for k, v in params["models"][name].items() if k != "train"}, name
+        blocks = (fast.get("models") or {}).get(name, {})
+        assert set(blocks) <= {"train", "model"}, name
+        for block in ("train", "model"):
+            assert entry.get(block, {}) == {**params["models"][name].get(block, {}), **blocks.get(block, {})}, name
+        assert {k: v for k, v in entry.items() if k not in ("train", "model")} == \
+            {k: v for k, v in params["models"][name].items() if k not in ("train", "model")}, name
         TrainConfig(**{**params["train"], **entry["train"]})  # every key one the loop knows
+        models.make_config(entry["arch"], entry.get("model", {}))  # and one the model knows
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert {k for e in (fast.get("models") or {}).values() for k in e["train"]} <= fields
+    assert {k for e in (fast.get("models") or {}).values() for k in e.get("train", {})} <= fields

@@ -3,6 +3,7 @@ run left, steps through the global batches, validates, and keeps the best and la
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import send_to_device
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
 
 import models
@@ -39,6 +41,18 @@ def compile_method(model: nn.Module, name: str, entry: str) -> None:
         raise UserError(f"{entry}: train.compile is '{name}', which this model does not have; use loss or the "
                         "method its loss calls at every time step (step, _readout)")
     setattr(model, name, torch.compile(method))
+
+
+CPU_SDPA = ("", "math")
+
+
+def attention_kernels(cfg, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A context for each training step's forward: the SDPA backends ``train.cpu_sdpa`` allows on a CPU."""
+    if cfg.cpu_sdpa not in CPU_SDPA:
+        raise UserError(f"train.cpu_sdpa is '{cfg.cpu_sdpa}'; use '' (PyTorch's choice) or 'math'")
+    if cfg.cpu_sdpa == "math" and device.type == "cpu":
+        return lambda: sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext
 
 
 class _LossModule(nn.Module):
@@ -152,6 +166,7 @@ class _Trainer:
                                       **({"fused": True} if cfg.fused_adamw else {}))
         if cfg.compile:
             compile_method(model, cfg.compile, run.name)
+        self.kernels = attention_kernels(cfg, accelerator.device)
         # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
         # optimizer step (N times too fast on N processes). Stepped here once per global step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, data.total))
@@ -240,7 +255,8 @@ class _Trainer:
     def _step(self, batch, mlflow, bar) -> tuple[torch.Tensor, bool]:
         """One optimizer step; returns its loss and whether a wall-clock checkpoint is due."""
         cfg, state, world = self.cfg, self.state, self.acc.num_processes
-        loss, logs = self.wrapped(send_to_device(batch, self.acc.device))
+        with self.kernels():  # the backward follows the ops its forward ran
+            loss, logs = self.wrapped(send_to_device(batch, self.acc.device))
         step = state["step"] + 1  # the step being taken
         if not self.bad_step and not torch.isfinite(loss).item():
             self.bad_step = step
