@@ -246,19 +246,27 @@ def rendered(path: Path = JSON_OUT) -> str:
              "at once, a core each), median of alternate runs; *fast*: the entry's `profiles/fast.yaml` settings "
              f"on this tree's code, against the baseline on the code of commit {kept['baseline_code']} (BASE: its "
              "`git worktree`), "
-             "compile seconds added once. Projected time: steps ÷ steps/s (+ compile).", "",
+             "compile seconds added once. Projected time: steps ÷ steps/s (+ compile). Loss Δ: the largest "
+             "relative difference between the two variants' training losses on the same batches from the same "
+             "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`).", "",
              "| entry | GFLOP/step | steps/s 1 thr | % peak | outside ops | steps/s 2 thr | % peak | fast settings "
-             "| fast steps/s | compile s | projected ×|",
-             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|"]
+             "| fast steps/s | compile s | projected × | loss Δ (steps) |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|"]
     for name, e in kept["entries"].items():
         lines.append(f"| {name} | {e['gflop_per_step']:.2f} | {e['baseline_steps_per_s']:.2f} | {e['pct_of_peak']:.1f} "
                      f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
                      f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
-                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} |")
+                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
     lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
               f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.", "", END]
     return "\n".join(lines)
+
+
+def _same(entry: dict) -> str:
+    """The fast settings' largest relative loss difference from the baseline and over how many steps."""
+    same = entry["learns_the_same"]
+    return f"{same['max_rel_diff']:.4f} ({same['steps']})" if entry["fast_settings"] else "—"
 
 
 def with_table(text: str, table: str) -> str:
@@ -335,6 +343,12 @@ def learns_the_same(base: list[float], fast: list[float]) -> dict:
             "last_quarter_mean": [round(statistics.fmean(base[tail]), 5), round(statistics.fmean(fast[tail]), 5)]}
 
 
+def learning_check(work: Path, name: str, steps: int) -> dict:
+    """Baseline and fast for ``steps`` steps each, from the same weights on the same batches (1 thread)."""
+    base, fast = (measure(work, name, variant, 1, steps, extras=False) for variant in ("baseline", "fast"))
+    return learns_the_same(base["losses"], fast["losses"])
+
+
 def projected(entries: dict) -> dict:
     """Σ baseline time / Σ fast time (compile included) over the measured entries, in seconds."""
     base = sum(e["baseline_steps"] / e["baseline_steps_per_s"] for e in entries.values())
@@ -358,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render-docs", action="store_true", help="only rewrite docs/benchmarks.md's block from --out")
     ap.add_argument("--baseline-code", type=Path,
                     help="a checkout whose code runs the baseline (git worktree add DIR COMMIT); default: this one")
+    ap.add_argument("--learn-steps", type=int, default=0,
+                    help="with --entries: only compare the two variants' losses over this many steps (warm-up "
+                         "included) and record that as the entries' learns_the_same, measuring no speed")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--code", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -384,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     make_work(args.work, names)
     old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
+    if args.learn_steps:
+        return _learning_only(args, names, old)
     entries = {}
     for name in names:
         entries[name] = entry_figures(args.work, name, args.repeats, peak)
@@ -402,6 +421,21 @@ def main(argv: list[str] | None = None) -> int:
               "projected": projected(entries)}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"projected zoo training time: {result['projected']}")
+    return 0
+
+
+def _learning_only(args, names: list[str], old: dict) -> int:
+    """``--learn-steps``: each named entry's learns_the_same over that many steps, written into ``--out``."""
+    missing = [n for n in names if n not in old]
+    if not args.entries or missing:
+        raise SystemExit(f"--learn-steps updates entries already in {args.out}; measure {missing or 'them'} first")
+    kept = json.loads(args.out.read_text())
+    for name in names:
+        # the timed steps' warm-up comes first: the count is warm-up + timed, as in the speed runs
+        timed = args.learn_steps - max(3, min(20, args.learn_steps // 5))
+        kept["entries"][name]["learns_the_same"] = check = learning_check(args.work, name, timed)
+        print(f"{name}: {check}", flush=True)
+    args.out.write_text(json.dumps(kept, indent=2) + "\n")
     return 0
 
 
