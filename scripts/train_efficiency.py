@@ -173,6 +173,11 @@ def _outside_ops(trainer, batches: list) -> float:
     return max(0.0, 1 - inside / wall)
 
 
+def warm_up_steps(timed: int) -> int:
+    """Untimed steps before ``timed`` timed ones (oneDNN primitives, the allocator, compilation)."""
+    return max(3, min(20, timed // 5))
+
+
 def measure_child(work: Path, name: str, variant: str, steps: int, extras: bool) -> dict:
     """Time ``steps`` real training steps of ``name`` (``variant``: baseline or fast) after a warm-up."""
 
@@ -182,7 +187,7 @@ def measure_child(work: Path, name: str, variant: str, steps: int, extras: bool)
     overrides = fast_settings(name) if variant == "fast" else {}
     with tempfile.TemporaryDirectory(dir=work) as out:
         trainer, precision = _trainer(work, name, overrides, Path(out))
-        warm = max(3, min(20, steps // 5))
+        warm = warm_up_steps(steps)
         batches = _batches(trainer, warm + steps)
         bar, losses = tqdm(disable=True), []
         started = time.perf_counter()
@@ -427,12 +432,14 @@ def main(argv: list[str] | None = None) -> int:
 def _learning_only(args, names: list[str], old: dict) -> int:
     """``--learn-steps``: each named entry's learns_the_same over that many steps, written into ``--out``."""
     missing = [n for n in names if n not in old]
+    if args.learn_steps < 1 + warm_up_steps(1):
+        raise SystemExit(f"--learn-steps counts the warm-up too: give at least {1 + warm_up_steps(1)}")
     if not args.entries or missing:
         raise SystemExit(f"--learn-steps updates entries already in {args.out}; measure {missing or 'them'} first")
     kept = json.loads(args.out.read_text())
     for name in names:
         # the timed steps' warm-up comes first: the count is warm-up + timed, as in the speed runs
-        timed = args.learn_steps - max(3, min(20, args.learn_steps // 5))
+        timed = max(t for t in range(1, args.learn_steps + 1) if t + warm_up_steps(t) <= args.learn_steps)
         kept["entries"][name]["learns_the_same"] = check = learning_check(args.work, name, timed)
         print(f"{name}: {check}", flush=True)
     args.out.write_text(json.dumps(kept, indent=2) + "\n")
