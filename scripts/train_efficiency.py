@@ -253,19 +253,55 @@ def rendered(path: Path = JSON_OUT) -> str:
              "`git worktree`), "
              "compile seconds added once. Projected time: steps ÷ steps/s (+ compile). Loss Δ: the largest "
              "relative difference between the two variants' training losses on the same batches from the same "
-             "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`).", "",
+             "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`). "
+             "GEMM time (`python scripts/gemm_ceiling.py`, 5 fast steps on 1 thread, profiled): the share of a step "
+             "in its matrix products; bound: the % of peak the step would reach with its products at the peak and "
+             "everything else as it is.", "",
              "| entry | GFLOP/step | steps/s 1 thr | % peak | outside ops | steps/s 2 thr | % peak | fast settings "
-             "| fast steps/s | compile s | projected × | loss Δ (steps) |",
-             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|"]
+             "| fast steps/s | compile s | projected × | loss Δ (steps) | GEMM time | bound % |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|"]
     for name, e in kept["entries"].items():
         lines.append(f"| {name} | {e['gflop_per_step']:.2f} | {e['baseline_steps_per_s']:.2f} | {e['pct_of_peak']:.1f} "
                      f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
                      f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
-                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} |")
+                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {_ceiling(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
     lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
-              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.", "", END]
+              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.{_ceilings(kept)}", "", END]
     return "\n".join(lines)
+
+
+def _ceilings(kept: dict) -> str:
+    """One sentence on the entries with GEMM figures: what holds them below the peak, in ranges."""
+    found = {n: e["ceiling"] for n, e in kept["entries"].items() if e.get("ceiling")}
+    if not found:
+        return ""
+
+    def span(values, fmt="{:.0f}") -> str:
+        low, high = min(values), max(values)
+        return fmt.format(low) if fmt.format(low) == fmt.format(high) else f"{fmt.format(low)}–{fmt.format(high)}"
+
+    worst: dict[str, float] = {}
+    for c in found.values():
+        for o in c["outside"]:
+            worst[o["op"]] = max(worst.get(o["op"], 0.0), o["share"])
+    ops = ", ".join(f"`{op}` up to {share:.0%}" for op, share in sorted(worst.items(), key=lambda kv: -kv[1])[:3])
+    pct = [kept["entries"][n]["fast_pct_of_peak"] for n in found]
+    free = [kept["entries"][n]["fast_pct_of_peak"] / (1 - c["gemm_time_share"]) for n, c in found.items()]
+    now, bound = [c["peak_gflops_now"] for c in found.values()], span([c["bound_pct"] for c in found.values()])
+    return (f" The {len(found)} entries with GEMM figures ({', '.join(found)}) train at {span(pct)} % of peak with "
+            f"their fast settings. Their products take {span([100 * c['gemm_time_share'] for c in found.values()])} "
+            f"% of a step: products that took no time at all would bring them to {span(free)} % (the % of peak ÷ "
+            f"(1 − that share)), and with products at the peak the bound is {bound} %. The rest is operators that "
+            f"do no counted FLOPs ({ops} of a step): 50 % needs that work cut, not "
+            f"faster products. (The 2048² bf16 product on one thread, timed again beside each entry's GEMM figures, "
+            f"ran at {span(now, '{:,.0f}')} GFLOP/s on this VM: the peak itself moves by that much.)")
+
+
+def _ceiling(entry: dict) -> str:
+    """scripts/gemm_ceiling.py's columns: the products' share of the step, the bound."""
+    c = entry.get("ceiling")
+    return f"{c['gemm_time_share']:.0%} | {c['bound_pct']:.0f}" if c else "— | —"
 
 
 def _same(entry: dict) -> str:

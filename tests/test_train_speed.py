@@ -149,3 +149,42 @@ def test_the_fast_profile_changes_only_the_train_and_model_blocks_it_names():
         models.make_config(entry["arch"], entry.get("model", {}))  # and one the model knows
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert {k for e in (fast.get("models") or {}).values() for k in e.get("train", {})} <= fields
+
+
+def test_the_gemm_ceiling_counts_each_computed_product_once_and_times_it_in_its_layout():
+    """scripts/gemm_ceiling.py: under bf16 autocast a product is recorded as called and again on its cast
+    operands; summed over the computed ones, the FLOPs are the flop counter's, and a product is timed alone
+    with its recorded layout (a transposed operand, a broadcast one of stride 0)."""
+    import sys
+
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gemm_ceiling
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Tanh(), torch.nn.Linear(40, 8))
+    x, keys = torch.randn(5, 7, 24), torch.randn(5, 7, 24)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scores = torch.bmm(x, keys.transpose(1, 2))  # [5,7,7]
+            loss = net(scores @ x).float().sum() + scores.float().sum()  # [5,7,24] -> [5,7,8]
+        loss.backward()
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    found = gemm_ceiling.recorded_products(prof.events())
+    counted = sum(gemm_ceiling.gemm_flops(k[0], [list(s) for s in k[1]]) * n for k, n in found.items())
+    assert counted == counter.get_total_flops() > 0
+    assert all(set(k[3]) == {"c10::BFloat16"} for k in found)  # only the computing calls, on cast operands
+    operand = gemm_ceiling._operand((3, 4), (1, 3), "float")  # a transposed [4,3]
+    assert operand.stride() == (1, 3) and operand.dtype == torch.float32
+    assert gemm_ceiling._operand((2, 3, 4), (0, 4, 1), "c10::BFloat16").stride() == (0, 4, 1)
+    key = ("aten::bmm", ((2, 3, 4), (2, 4, 5)), ((0, 4, 1), (20, 5, 1)), ("float", "float"))
+    assert 0 < gemm_ceiling.time_alone(key) < 0.01
