@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 # Small splits: step time depends on the items' sizes, not on how many there are.
 SMALL = {"train_size": 2000, "val_size": 64, "test_size": 8, "test_long_size": 8, "val_words": 200, "test_words": 200}
 CORPUS_PAIRS, CORPUS_TOKEN_BATCHES = 205_412, 2_197  # the committed corpus: pairs, 2,048-token batches a pass
+FLAT = 0.01  # a validation curve that fell less than this over its last quarter is flat
 SECONDS = 6.0  # timed seconds a measurement aims at (the step count is fixed per entry from the committed runs)
 
 
@@ -254,21 +255,47 @@ def rendered(path: Path = JSON_OUT) -> str:
              "compile seconds added once. Projected time: steps ÷ steps/s (+ compile). Loss Δ: the largest "
              "relative difference between the two variants' training losses on the same batches from the same "
              "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`). "
+             "Val ¼: how much the committed run's validation loss still fell over its last quarter of steps "
+             "(`runs/<entry>/learning_curves/val_loss.csv`: the best before 75 % of the steps against the best). "
              "GEMM time (`python scripts/gemm_ceiling.py`, 5 fast steps on 1 thread, profiled): the share of a step "
              "in its matrix products; bound: the % of peak the step would reach with its products at the peak and "
              "everything else as it is.", "",
              "| entry | GFLOP/step | steps/s 1 thr | % peak | outside ops | steps/s 2 thr | % peak | fast settings "
-             "| fast steps/s | compile s | projected × | loss Δ (steps) | GEMM time | bound % |",
-             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|"]
+             "| fast steps/s | compile s | projected × | loss Δ (steps) | val ¼ | GEMM time | bound % |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
     for name, e in kept["entries"].items():
         lines.append(f"| {name} | {e['gflop_per_step']:.2f} | {e['baseline_steps_per_s']:.2f} | {e['pct_of_peak']:.1f} "
                      f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
                      f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
-                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {_ceiling(e)} |")
+                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {last_quarter_fall(name):.1%} "
+                     f"| {_ceiling(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
     lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
-              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**.{_ceilings(kept)}", "", END]
+              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**."
+              f"{_budgets(kept)}{_ceilings(kept)}",
+              "", END]
     return "\n".join(lines)
+
+
+def last_quarter_fall(name: str) -> float:
+    """How much the committed run's validation loss fell over its last quarter of steps: 1 - best / (the best
+    up to 75 % of the steps); 0 where the curve was flat."""
+    import csv
+
+    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
+        curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+    early = min(loss for step, loss in curve if step <= 0.75 * curve[-1][0])
+    return 1 - min(loss for _, loss in curve) / early if early > 0 else 0.0
+
+
+def _budgets(kept: dict) -> str:
+    """One sentence on the budgets: the entries whose validation still fell late keep their steps."""
+    falls = {name: last_quarter_fall(name) for name in kept["entries"]}
+    flat = [f"{n} ({v:.1%})" for n, v in falls.items() if v < FLAT]
+    climbing = [v for v in falls.values() if v >= FLAT]
+    return (f" Budgets: {len(climbing)} entries' validation loss still fell by {min(climbing):.1%}–{max(climbing):.0%}"
+            f" over their last quarter of steps, so they keep their steps (a longer budget could buy quality); flat "
+            f"(under {FLAT:.0%}): {', '.join(flat) or 'none'}.")
 
 
 def _ceilings(kept: dict) -> str:
