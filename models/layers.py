@@ -138,16 +138,16 @@ def ntm_address(
 
 def token_loss(logits: Tensor, target: Tensor, pad_id: int, label_smoothing: float) -> tuple[Tensor, Tensor]:
     """Teacher-forced sequence objective: cross-entropy over the real target tokens (padding
-    ignored), label-smoothed as given, and token accuracy for the logs.
-
-    Args: logits [B,T,V], target [B,T]. Returns: loss (scalar), accuracy (scalar, detached).
-    """
-    loss = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),  # [B*T,V]
-        target.reshape(-1),  # [B*T]
-        ignore_index=pad_id,
-        label_smoothing=label_smoothing,
-    )
+    ignored), label-smoothed as given, and token accuracy for the logs; inside ``ChunkedLoss()``
+    the same by ``chunked_token_loss``. Args: logits [B,T,V], target [B,T]. Returns: loss
+    (scalar), accuracy (scalar, detached)."""
+    flat, flat_target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)  # [B*T,V], [B*T]
+    if _LOSS_ROWS[0]:
+        return chunked_token_loss(flat, flat_target, pad_id, label_smoothing, _LOSS_ROWS[0])
+    loss = F.cross_entropy(flat, flat_target, ignore_index=pad_id, label_smoothing=label_smoothing)
+    # PyTorch's kernel by default. ChunkedLoss (train.cpu_loss: chunked) computes the same objective a
+    # cache-sized block of rows at a time, where this one's [B*T,V] float32 passes take a sixth of a CPU
+    # translation step (_ChunkedTokenLoss, at the end of this file: below the modules exported graphs cite).
     real = target != pad_id
     # max(-1).indices is argmax(-1) to the index (the first of tied maxima), computed 3-4x faster on a CPU
     # over a [B,T,V] of bf16 logits: argmax took 6 % of a luong training step.
@@ -374,3 +374,76 @@ def gaussian_filterbank(centre: Tensor, delta: Tensor, var: Tensor, n: int, size
     a = torch.arange(1, size + 1, dtype=centre.dtype, device=centre.device)  # pixels 1..size, as eq. 22
     logits = -((a - mu.unsqueeze(-1)) ** 2) / (2 * var[:, None, None])  # [B,N,1] vs [size] -> [B,N,size]
     return torch.softmax(logits, dim=-1)
+
+
+# ---- training-only code: below every module above, whose source lines exported graphs record ------------
+
+_LOSS_ROWS = [0]  # rows per chunk while a ChunkedLoss context is open (token_loss then chunks); 0: off
+
+
+class ChunkedLoss:
+    """A context inside which token_loss computes its objective by ``chunked_token_loss`` (the training
+    loop's ``train.cpu_loss: chunked``)."""
+
+    def __init__(self, rows: int = 64):
+        self.rows, self.before = rows, 0
+
+    def __enter__(self):
+        self.before, _LOSS_ROWS[0] = _LOSS_ROWS[0], self.rows
+
+    def __exit__(self, *exc):
+        _LOSS_ROWS[0] = self.before
+
+
+class _ChunkedTokenLoss(torch.autograd.Function):
+    """Label-smoothed cross-entropy (ignore_index) and token accuracy, ``rows`` rows of logits at a time.
+
+    F.cross_entropy on a CPU writes and re-reads [N,V] float32 tensors several times (the bf16 logits cast
+    up, their log-softmax, its gradient, the zero-filled NLL gradient, the cast back): at N = 2,000 target
+    tokens and V = 8,000 pieces each pass is 64 MB, beyond any cache. Here each chunk of rows (64: 2 MB in
+    float32) goes through max, log-sum-exp, the smoothed loss and the arg-max while it stays in cache; the
+    backward recomputes softmax from the saved log-sum-exp and writes the logits' gradient once. The
+    same objective as F.cross_entropy: per real row (1 − ε)(lse − x_t) + ε(lse − mean_v x_v), averaged over
+    real rows; computed in float32 from the logits as given (exact for bf16), rounding aside.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, pad_id: int, smoothing: float, rows: int):
+        real = target != pad_id  # [N]
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # [N]
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        hits = torch.zeros((), dtype=torch.long, device=logits.device)
+        with torch.autocast(logits.device.type, enabled=False):
+            for i in range(0, logits.shape[0], rows):
+                x, t, r = logits[i : i + rows].float(), target[i : i + rows], real[i : i + rows]  # [n,V], [n], [n]
+                top, arg = x.max(-1)  # [n]: the first of tied maxima, as token_loss's accuracy
+                lse[i : i + rows] = chunk = (x - top[:, None]).exp().sum(-1).log() + top  # [n]
+                picked = x.gather(1, t[:, None]).squeeze(1)  # x_t [n]
+                per_row = (1 - smoothing) * (chunk - picked) + smoothing * (chunk - x.mean(-1))  # [n]
+                total += (per_row * r).sum()
+                hits += ((arg == t) & r).sum()
+        count = real.sum()
+        ctx.save_for_backward(logits, target, lse, real)
+        ctx.smoothing, ctx.rows, ctx.count = smoothing, rows, count
+        acc = hits / count.clamp(min=1)
+        ctx.mark_non_differentiable(acc)
+        return total / count, acc
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_acc: Tensor):
+        logits, target, lse, real = ctx.saved_tensors
+        eps, rows, vocab = ctx.smoothing, ctx.rows, logits.shape[1]
+        grad = torch.empty_like(logits)  # [N,V]
+        scale = real.float() * (grad_loss / ctx.count)  # [N]: padding rows get no gradient
+        with torch.autocast(logits.device.type, enabled=False):
+            for i in range(0, logits.shape[0], rows):
+                p = (logits[i : i + rows].float() - lse[i : i + rows, None]).exp_()  # softmax [n,V]
+                p.sub_(eps / vocab).scatter_add_(1, target[i : i + rows, None], p.new_full((p.shape[0], 1), eps - 1))
+                grad[i : i + rows] = p.mul_(scale[i : i + rows, None])
+        return grad, None, None, None, None
+
+
+def chunked_token_loss(logits: Tensor, target: Tensor, pad_id: int, label_smoothing: float,
+                       rows: int = 64) -> tuple[Tensor, Tensor]:
+    """token_loss's objective and accuracy by ``_ChunkedTokenLoss``. Args: logits [N,V], target [N]."""
+    return _ChunkedTokenLoss.apply(logits, target, pad_id, label_smoothing, rows)

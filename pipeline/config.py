@@ -70,11 +70,15 @@ class TrainConfig:
     # steps on a CPU, where the fused flash kernel's backward is slow (PyTorch 2.13, torch.profiler: 32.5 % of
     # a bf16 Transformer step on a 2-core Xeon with AMX-BF16); "" keeps PyTorch's choice. GPUs keep theirs.
     cpu_sdpa: str = ""
+    # cpu_loss: "chunked" computes the token loss (models.layers.token_loss: label-smoothed cross-entropy and
+    # accuracy) a cache-sized block of rows at a time in CPU training steps, where PyTorch's kernel makes several
+    # float32 passes over the [tokens, vocabulary] logits (a sixth of a translation step); "" keeps PyTorch's.
+    cpu_loss: str = ""
 
 
 # Left out of a run's recorded config (as_dict) while at their defaults, so that a run without them
 # records, and checkpoints, exactly what it did before they existed.
-OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa")
+OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa", "cpu_loss")
 
 
 @dataclass

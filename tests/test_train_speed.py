@@ -4,6 +4,7 @@ AdamW, a compiled step) or stop it as documented (patience)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -26,9 +27,10 @@ def test_opt_in_settings_are_recorded_only_when_on(ntm_copy_root):
     saved = json.loads((root / "plain" / "checkpoint" / "best" / "config.json").read_text())
     assert not set(OPT_IN_KEYS) & set(saved["train"])  # the config.json a run wrote before these existed
     on = resolve("ntm", root=root, overrides={"fused_adamw": True, "patience": 3, "compile": "step",
-                                              "cpu_sdpa": "math"})
+                                              "cpu_sdpa": "math", "cpu_loss": "chunked"})
     assert {k: as_dict(on)["train"][k] for k in OPT_IN_KEYS} == {"compile": "step", "fused_adamw": True,
-                                                                 "patience": 3, "cpu_sdpa": "math"}
+                                                                 "patience": 3, "cpu_sdpa": "math",
+                                                                 "cpu_loss": "chunked"}
 
 
 def test_patience_stops_after_validations_without_a_lower_loss_and_a_resume_stays_stopped(ntm_copy_root):
@@ -97,14 +99,14 @@ def test_cpu_sdpa_math_runs_the_explicit_attention_and_computes_the_same_gradien
     same loss and gradients as PyTorch's own choice up to fp32 rounding."""
     import models
     from pipeline.config import TrainConfig
-    from pipeline.training.loop import attention_kernels
+    from pipeline.training.loop import step_kernels
     from tests.conftest import TINY, tiny_batch
 
     grads, nodes = {}, {}
     for setting in ("", "math"):
         torch.manual_seed(0)
         model = models.build("transformer", TINY["transformer"]).train()
-        with attention_kernels(TrainConfig(cpu_sdpa=setting), torch.device("cpu"))():
+        with step_kernels(TrainConfig(cpu_sdpa=setting), torch.device("cpu"))():
             torch.manual_seed(1)  # the same dropout masks
             loss, _ = model.loss(tiny_batch("transformer", seed=0))
         loss.backward()
@@ -116,7 +118,41 @@ def test_cpu_sdpa_math_runs_the_explicit_attention_and_computes_the_same_gradien
     for name in grads[""]:
         torch.testing.assert_close(grads["math"][name], grads[""][name], rtol=1e-4, atol=1e-5)
     with pytest.raises(UserError, match="train.cpu_sdpa is 'flash'; use '' .* or 'math'"):
-        attention_kernels(TrainConfig(cpu_sdpa="flash"), torch.device("cpu"))
+        step_kernels(TrainConfig(cpu_sdpa="flash"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_chunked_token_loss_is_pytorchs_cross_entropy_in_row_blocks(autocast):
+    """``ChunkedLoss`` (train.cpu_loss: chunked): label smoothing, padding rows ignored, a last block shorter
+    than the others; the loss, accuracy and logits' gradient of F.cross_entropy within float32 rounding (bf16
+    gradients equal), and with no open context token_loss is PyTorch's kernel again."""
+    from models.layers import ChunkedLoss, token_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 11, 37) * 4  # [B,T,V]: 55 rows, blocks of 8
+    target = torch.randint(0, 37, (5, 11))
+    target[:, 8:] = 0  # padding
+    target[0, 0] = 0
+    results = []
+    for chunked in (False, True):
+        x = logits.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with ChunkedLoss(rows=8) if chunked else contextlib.nullcontext():
+                loss, acc = token_loss(x @ torch.eye(37), target, 0, 0.1)  # bf16 logits under autocast
+        (3 * loss).backward()
+        results.append((loss, acc, x.grad, _backward_nodes(loss)))
+    (want, want_acc, want_grad, plain), (got, got_acc, got_grad, nodes) = results
+    assert "_ChunkedTokenLossBackward" in nodes and "_ChunkedTokenLossBackward" not in plain
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert got_acc == want_acc and 0 < float(want_acc) < 1
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
+    again, _ = token_loss(logits.clone().requires_grad_(), target, 0, 0.1)  # the context closed
+    assert "_ChunkedTokenLossBackward" not in _backward_nodes(again)
+    with pytest.raises(UserError, match="train.cpu_loss is 'fused'; use '' .* or 'chunked'"):
+        from pipeline.config import TrainConfig
+        from pipeline.training.loop import step_kernels
+
+        step_kernels(TrainConfig(cpu_loss="fused"), torch.device("cpu"))
 
 
 def test_compile_names_a_method_of_the_model(ntm_copy_root):

@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
 
 import models
+from models.layers import ChunkedLoss
 from pipeline import checkpoint, tracking
 from pipeline.config import RunConfig, UserError, as_dict
 from pipeline.tasks import Task, get_task
@@ -44,15 +45,29 @@ def compile_method(model: nn.Module, name: str, entry: str) -> None:
 
 
 CPU_SDPA = ("", "math")
+CPU_LOSS = ("", "chunked")
 
 
-def attention_kernels(cfg, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    """A context for each training step's forward: the SDPA backends ``train.cpu_sdpa`` allows on a CPU."""
+def step_kernels(cfg, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A context for each training step's forward: on a CPU, the SDPA backends ``train.cpu_sdpa`` allows and
+    the token loss ``train.cpu_loss`` names."""
     if cfg.cpu_sdpa not in CPU_SDPA:
         raise UserError(f"train.cpu_sdpa is '{cfg.cpu_sdpa}'; use '' (PyTorch's choice) or 'math'")
-    if cfg.cpu_sdpa == "math" and device.type == "cpu":
-        return lambda: sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext
+    if cfg.cpu_loss not in CPU_LOSS:
+        raise UserError(f"train.cpu_loss is '{cfg.cpu_loss}'; use '' (PyTorch's cross-entropy) or 'chunked'")
+    wanted = []
+    if device.type == "cpu" and cfg.cpu_sdpa == "math":
+        wanted.append(lambda: sdpa_kernel(SDPBackend.MATH))
+    if device.type == "cpu" and cfg.cpu_loss == "chunked":
+        wanted.append(ChunkedLoss)
+
+    def entered() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for context in wanted:
+            stack.enter_context(context())
+        return stack
+
+    return entered if wanted else contextlib.nullcontext
 
 
 class _LossModule(nn.Module):
@@ -166,7 +181,7 @@ class _Trainer:
                                       **({"fused": True} if cfg.fused_adamw else {}))
         if cfg.compile:
             compile_method(model, cfg.compile, run.name)
-        self.kernels = attention_kernels(cfg, accelerator.device)
+        self.kernels = step_kernels(cfg, accelerator.device)
         # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
         # optimizer step (N times too fast on N processes). Stepped here once per global step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, data.total))
