@@ -39,7 +39,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_peak  # noqa: E402
@@ -52,7 +51,7 @@ DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16
 BLOCK_S = 0.02  # each timed block of one product alone lasts at least this long
 
 
-def gemm_flops(name: str, shapes: list[list[int]]) -> int:
+def gemm_flops(name: str, shapes) -> int:
     """2·M·N·K (times the batch for bmm/baddbmm) of one product, from its recorded input shapes."""
     a, b = shapes[-2], shapes[-1]  # addmm/baddbmm: (bias, a, b); mm/bmm: (a, b)
     if name in ("aten::bmm", "aten::baddbmm"):
@@ -92,7 +91,7 @@ def time_alone(key: tuple) -> float:
     fn = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::bmm": torch.bmm,
           "aten::baddbmm": torch.baddbmm}[name]
     fn(*args)  # the primitive created once, as in the step
-    reps, started = 1, time.perf_counter()
+    started = time.perf_counter()
     fn(*args)
     once = max(time.perf_counter() - started, 1e-7)
     reps = max(1, round(BLOCK_S / once))
@@ -129,9 +128,10 @@ def entry_ceiling(work: Path, name: str, steps: int, peak: dict, gflop_per_step:
                     key=lambda e: -e.self_cpu_time_total)[:4]
     alone = {key: time_alone(key) for key in found}
     limit = peak[precision]["1"]["gflops"]
-    now = bench_peak.gemm_gflops(2048, getattr(torch, DTYPES["c10::BFloat16" if precision == "bf16" else "float"]),
-                                 1, 2.0)["gflops"]  # beside the products: this VM's bf16 rate moves (see above)
-    flop = sum(gemm_flops(k[0], [list(s) for s in k[1]]) * n for k, n in found.items())
+    now = bench_peak.gemm_gflops(2048, torch.bfloat16 if precision == "bf16" else torch.float32, 1,
+                                 2.0)["gflops"]  # beside the products: this VM's bf16 rate moves (see above)
+    flops = {k: gemm_flops(k[0], k[1]) for k in found}
+    flop = sum(flops[k] * n for k, n in found.items())
     total_alone = sum(alone[k] * n for k, n in found.items())
     rate = flop / total_alone / 1e9
     top = sorted(found, key=lambda k: -alone[k] * found[k])[:4]
@@ -143,7 +143,7 @@ def entry_ceiling(work: Path, name: str, steps: int, peak: dict, gflop_per_step:
         "peak_gflops": limit, "peak_gflops_now": now, "step_s": round(wall / steps, 4), "distinct_products": len(found),
         "top": [{"op": k[0].removeprefix("aten::"), "shapes": [list(s) for s in k[1]], "dtype": DTYPES.get(k[3][-1]),
                  "per_step": round(found[k] / steps, 1),
-                 "gflops_alone": round(gemm_flops(k[0], [list(s) for s in k[1]]) / alone[k] / 1e9, 1)} for k in top],
+                 "gflops_alone": round(flops[k] / alone[k] / 1e9, 1)} for k in top],
         "outside": [{"op": e.key.removeprefix("aten::"), "share": round(e.self_cpu_time_total / 1e6 / wall, 3)}
                     for e in others],
     }

@@ -280,10 +280,7 @@ def rendered(path: Path = JSON_OUT) -> str:
 def last_quarter_fall(name: str) -> float:
     """How much the committed run's validation loss fell over its last quarter of steps: 1 - best / (the best
     up to 75 % of the steps); 0 where the curve was flat."""
-    import csv
-
-    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
-        curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+    curve = val_curve(name)
     early = min(loss for step, loss in curve if step <= 0.75 * curve[-1][0])
     return 1 - min(loss for _, loss in curve) / early if early > 0 else 0.0
 
@@ -314,7 +311,7 @@ def _ceilings(kept: dict) -> str:
             worst[o["op"]] = max(worst.get(o["op"], 0.0), o["share"])
     ops = ", ".join(f"`{op}` up to {share:.0%}" for op, share in sorted(worst.items(), key=lambda kv: -kv[1])[:3])
     pct = [kept["entries"][n]["fast_pct_of_peak"] for n in found]
-    free = [kept["entries"][n]["fast_pct_of_peak"] / (1 - c["gemm_time_share"]) for n, c in found.items()]
+    free = [p / (1 - c["gemm_time_share"]) for p, c in zip(pct, found.values())]
     now, bound = [c["peak_gflops_now"] for c in found.values()], span([c["bound_pct"] for c in found.values()])
     return (f" The {len(found)} entries with GEMM figures ({', '.join(found)}) train at {span(pct)} % of peak with "
             f"their fast settings. Their products take {span([100 * c['gemm_time_share'] for c in found.values()])} "
@@ -349,20 +346,24 @@ def committed_steps(name: str) -> int:
     return json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
 
 
+def val_curve(name: str) -> list[tuple[int, float]]:
+    """The committed run's validation curve: (step, val_loss) at each validation."""
+    import csv
+
+    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
+        return [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+
+
 def fast_steps(name: str, settings: dict) -> int:
     """The fast recipe's step count: its ``max_steps``, or where ``patience`` stops the committed run's own
     validation curve (runs/<name>/learning_curves/val_loss.csv: the same curve when nothing else changed),
     else the committed count."""
-    import csv
-
     if settings.get("max_steps"):
         return int(settings["max_steps"])
     if not settings.get("patience"):
         return committed_steps(name)
-    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
-        curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
     best, best_at = float("inf"), 0
-    for i, (step, loss) in enumerate(curve):
+    for i, (step, loss) in enumerate(val_curve(name)):
         if loss < best:
             best, best_at = loss, i
         if i - best_at >= settings["patience"]:

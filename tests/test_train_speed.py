@@ -127,6 +127,8 @@ def test_the_chunked_token_loss_is_pytorchs_cross_entropy_in_row_blocks(autocast
     than the others; the loss, accuracy and logits' gradient of F.cross_entropy within float32 rounding (bf16
     gradients equal), and with no open context token_loss is PyTorch's kernel again."""
     from models.layers import ChunkedLoss, token_loss
+    from pipeline.config import TrainConfig
+    from pipeline.training.loop import step_kernels
 
     torch.manual_seed(0)
     logits = torch.randn(5, 11, 37) * 4  # [B,T,V]: 55 rows, blocks of 8
@@ -149,9 +151,6 @@ def test_the_chunked_token_loss_is_pytorchs_cross_entropy_in_row_blocks(autocast
     again, _ = token_loss(logits.clone().requires_grad_(), target, 0, 0.1)  # the context closed
     assert "_ChunkedTokenLossBackward" not in _backward_nodes(again)
     with pytest.raises(UserError, match="train.cpu_loss is 'fused'; use '' .* or 'chunked'"):
-        from pipeline.config import TrainConfig
-        from pipeline.training.loop import step_kernels
-
         step_kernels(TrainConfig(cpu_loss="fused"), torch.device("cpu"))
 
 
