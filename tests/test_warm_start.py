@@ -72,6 +72,32 @@ def test_a_stage_error_is_a_traceback_in_its_log_and_a_stop_signal_reaches_its_g
     assert starter.proc.returncode == 0  # it left when its stdin closed
 
 
+@pytest.mark.parametrize(("mode", "status"), [("exit-work", 1), ("interrupt", -signal.SIGINT), ("raise", 1), ("0", 0)])
+def test_a_forked_stage_exits_as_python_m_does(tmp_path, mode, status):
+    """The child skips the interpreter's teardown (seconds a stage) but not what a stage can see: its
+    exit status, a message or traceback, its threads joined, its atexit handlers, its buffered output;
+    the log after the probe's first line is what a fresh ``python -m`` writes (a traceback's frames aside)."""
+    env = stage_env(1)
+    starter = Starter(ROOT, env, tmp_path / "starter.log")
+    try:
+        log = tmp_path / "forked.log"
+        assert starter.spawn(["tests.warm_probe", mode], env, log).wait(timeout=120) == status
+    finally:
+        starter.close()
+    with (tmp_path / "fresh.log").open("w") as fresh:
+        assert subprocess.run([sys.executable, "-m", "tests.warm_probe", mode], cwd=ROOT, env=env, stdout=fresh,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode == status
+    def told(text: str) -> list[str]:  # after the probe's first line; a traceback's frames differ (the starter's)
+        return [line for line in text.splitlines()[1:] if not line.startswith(" ")]
+
+    forked, fresh = told(log.read_text()), told((tmp_path / "fresh.log").read_text())
+    assert forked == fresh
+    if mode == "exit-work":
+        text = "\n".join(forked)
+        assert "the probe's exit message" in text and "buffered, not flushed" in text
+        assert text.index("the thread's last line") < text.index("an atexit handler ran")
+
+
 def test_the_starter_gone_its_running_stage_is_reported_failed_once_it_has_exited(tmp_path):
     env = stage_env(1)
     starter = Starter(ROOT, env, tmp_path / "starter.log")

@@ -1,8 +1,10 @@
 """Run by tests/test_warm_start.py in a forked stage: reports what a stage sees of its process, then exits."""
 
+import atexit
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -16,4 +18,11 @@ if mode == "sleep":
     time.sleep(60)
 elif mode == "raise":
     raise ValueError("the probe's own error")
+elif mode == "interrupt":
+    raise KeyboardInterrupt
+elif mode == "exit-work":  # what an exit must still do: join a thread, run atexit handlers, flush output
+    threading.Thread(target=lambda: (time.sleep(0.3), print("the thread's last line"))).start()
+    atexit.register(print, "an atexit handler ran")
+    print("buffered, not flushed", end=" ")
+    sys.exit("the probe's exit message")
 sys.exit(int(mode))
