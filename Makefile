@@ -15,8 +15,8 @@ quickstart: setup   ## three real models through the whole pipeline, then answer
 	attnzoo quickstart --jobs $(JOBS)
 
 # The unit tests (no process started, no server: tests/conftest.py holds them to it) on every core, one
-# thread each.
-UNIT = ATTNZOO_TEST_FAST=1 OMP_NUM_THREADS=1 python -m pytest -q -n auto -m "not slow and not integration"
+# thread each, handed out one at a time, those that read one exported architecture together (conftest.py).
+UNIT = ATTNZOO_TEST_FAST=1 OMP_NUM_THREADS=1 python -m pytest -q -n auto --dist loadgroup -m "not slow and not integration"
 # Then the tests that start processes and servers, on two workers, each module on one of them and the
 # end-to-end run first (tests/conftest.py says why); they wait on servers and clusters as much as they
 # compute. Last, alone on an idle machine, the ones that hold a server to a deadline or a latency ratio.

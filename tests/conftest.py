@@ -72,11 +72,29 @@ LOCAL_RAY = "local-ray"
 LONGEST = "tests/test_pipeline_smoke.py"
 
 
+# The unit tests (`make test-fast`, also --dist loadgroup) are handed out one at a time, except those that
+# read one architecture's graphs from a module fixture that exports them once (`EXPORTS_ONCE`): those of
+# one architecture go to one worker, which exports it once (handed out freely, a test and the one
+# beside it that reads the same graphs landed on two workers and both exported: 25-35 s of the lane).
+EXPORTS_ONCE = {"exported", "tiny"}
+
+
+def _group(item) -> str | None:
+    if not FAST:
+        return item.module.__name__
+    arch = getattr(getattr(item, "callspec", None), "params", {}).get("arch")
+    if arch is not None and EXPORTS_ONCE & set(item.fixturenames):
+        return f"{item.module.__name__}:{arch}"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if not any(item.iter_markers("xdist_group")) and (group := _group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
+    if FAST:
+        return
     items.sort(key=lambda item: (item.get_closest_marker("xdist_group").args[0] != LOCAL_RAY,
                                  not item.nodeid.startswith(LONGEST)))  # stable: the rest keep their order
 

@@ -56,11 +56,16 @@ for _name in KEEP:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """``build(entry)`` -> a seeded untrained model of the entry, its run and its fp32 graphs, on
-    tiny prepared data (each task prepared once)."""
+    tiny prepared data (each task prepared once, each entry exported once)."""
     tmp = tmp_path_factory.mktemp("quantize")
-    prepared = {}
+    prepared, built = {}, {}
 
     def build(name: str) -> SimpleNamespace:
+        if name not in built:
+            built[name] = _build(name)
+        return built[name]
+
+    def _build(name: str) -> SimpleNamespace:
         entry = _PARAMS["models"][name]
         task = get_task(entry["task"])
         if entry["task"] not in prepared:
@@ -101,8 +106,9 @@ def test_the_task_scores_the_fp32_graphs_exactly_as_pytorch(arch, tiny):
     assert got == numbers(want)
 
 
+@pytest.mark.xdist_group("tests.test_quantize:attention_ocr")  # the graphs the fp32 test of attention_ocr exports
 def test_int8_graphs_are_quantised_and_scored(tiny):
-    it = tiny("ocr_rcnn")
+    it = tiny(ENTRIES["attention_ocr"])
     graphs = list(it.model.export_graphs())
     sizes = quantize_graphs(it.onnx, graphs, it.tmp / "int8", ["MatMul"])
     assert set(sizes) == set(graphs)
