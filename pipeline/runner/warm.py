@@ -24,7 +24,6 @@ its stdin closes; its running children finish as orphans, as ``start_new_session
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -39,6 +38,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from pipeline.entry import exit_after
 
 # What the stages import before their first line of work (``python -X importtime -m pipeline.stages.X``).
 # Not onnxruntime: its import starts a native thread of its own (0.3 s saved is not worth the doubt).
@@ -205,44 +206,7 @@ def _become(request: dict, children: dict[int, tuple[int, int]]) -> None:
     _name(request["env"].get("DVC_STAGE") or request["argv"][0])
     module, *args = request["argv"]
     sys.argv = ["-m", *args]  # runpy puts the module's file first, as `python -m` does
-    _run_then_exit(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
-
-
-def _run_then_exit(run) -> None:
-    """Run the stage, then leave as ``python -m`` would: the same exit status (a traceback and 1 for an
-    error, -SIGINT for Ctrl-C), non-daemon threads joined, then the atexit handlers (logging's flush,
-    MLflow's), then buffered output written. What is skipped is the interpreter tearing down every
-    module and object the starter imported: in a forked child that writes to each page it shares with
-    the starter (copy on write), and it took 2-3 s of a core per stage (a forked ``task_code@`` took
-    2.6 s, 0.3 s without it), more than most tiny stages' own work."""
-    interrupted = False
-    try:
-        run()
-        code = 0
-    except SystemExit as exit_:  # sys.exit(None | int | message), as the interpreter reads it
-        code = exit_.code
-        if code is None:
-            code = 0
-        elif not isinstance(code, int):
-            print(code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
-        interrupted, code = True, 130
-    except BaseException:  # noqa: BLE001 -- printed as the interpreter prints it
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    if interrupted:  # as the interpreter ends on an uncaught KeyboardInterrupt: killed by SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
+    exit_after(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
 
 
 def _name(title: str) -> None:

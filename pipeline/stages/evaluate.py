@@ -14,7 +14,7 @@ from pipeline import tracking
 from pipeline.bars import check_bar
 from pipeline.checkpoint import load_model
 from pipeline.config import RunConfig, at_run_dir, resolve, results_dir
-from pipeline.entry import RUN_HELP, model_parser, run_cli
+from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.plots import by_length as plot_by_length
 from pipeline.tasks import get_task
 
@@ -63,4 +63,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

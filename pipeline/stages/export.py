@@ -29,7 +29,7 @@ import torch
 from pipeline import tracking
 from pipeline.checkpoint import load_model
 from pipeline.config import RunConfig, UserError, at_run_dir, resolve, results_dir
-from pipeline.entry import RUN_HELP, model_parser, run_cli
+from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.graphs import TorchGraph, run_loop
 from pipeline.tasks import get_task
 from serving.runtime import OrtGraph, uses_cuda
@@ -249,4 +249,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.config import ROOT
-from pipeline.entry import run_cli, task_entry
+from pipeline.entry import exit_after, run_cli, task_entry
 from pipeline.files import scratch_beside
 from pipeline.tasks import get_task
 
@@ -65,4 +65,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -30,7 +30,7 @@ import models
 from pipeline import tracking
 from pipeline.bars import check_bar
 from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
-from pipeline.entry import RUN_HELP, model_parser, run_cli
+from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.files import clear_dead, scratch_beside, sync_folder, write_atomic
 from pipeline.serving_meta import serving_block
 from serving.repository import VERSION_RE
@@ -443,4 +443,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

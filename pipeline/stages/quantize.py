@@ -40,7 +40,7 @@ from pipeline import tracking
 from pipeline.bars import gate
 from pipeline.checkpoint import load_model
 from pipeline.config import RunConfig, UserError, at_run_dir, load_params, quantize_settings, read_manifest, resolve
-from pipeline.entry import RUN_HELP, model_parser, run_cli
+from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.graphs import run_loop
 from pipeline.tasks import get_task
 from serving.runtime import OrtGraph
@@ -255,4 +255,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

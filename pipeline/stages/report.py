@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import plots, tracking
 from pipeline.config import ROOT
-from pipeline.entry import run_cli
+from pipeline.entry import exit_after, run_cli
 
 BAR = {True: "met", False: "not met", None: "none set"}
 
@@ -109,4 +109,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from pipeline.config import ROOT
-from pipeline.entry import run_cli, task_entry
+from pipeline.entry import exit_after, run_cli, task_entry
 from pipeline.sources import task_files
 from pipeline.tasks import code_name
 
@@ -53,4 +53,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

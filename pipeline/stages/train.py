@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import resolve
-from pipeline.entry import check_override_types, parse_overrides, run_cli
+from pipeline.entry import check_override_types, exit_after, parse_overrides, run_cli
 from pipeline.training.loop import train
 
 LAUNCHER_ENV = "ATTNZOO_LAUNCHER"
@@ -57,4 +57,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -28,7 +28,7 @@ import yaml
 from pipeline import tracking
 from pipeline.cluster import check_address, runtime_env
 from pipeline.config import ROOT, UserError, load_params, resolve, tune_budget
-from pipeline.entry import model_parser, run_cli
+from pipeline.entry import exit_after, model_parser, run_cli
 
 
 def search_space(spec: dict) -> dict:
@@ -202,4 +202,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)
