@@ -155,9 +155,9 @@ def exit_after(run: Callable[[], Any]) -> NoReturn:
     except BaseException:  # noqa: BLE001 -- printed as the interpreter prints it
         sys.excepthook(*sys.exc_info())
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter runs first on its way out: the thread pools' own exit hooks (their idle workers
+    # would wait for work forever), then a join of every non-daemon thread.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

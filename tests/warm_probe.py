@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -22,6 +23,10 @@ elif mode == "interrupt":
     raise KeyboardInterrupt
 elif mode == "exit-work":  # what an exit must still do: join a thread, run atexit handlers, flush output
     threading.Thread(target=lambda: (time.sleep(0.3), print("the thread's last line"))).start()
+    # A pool held to the end, as a library's module-level one is: its idle worker waits for work until
+    # the exit wakes it.
+    sys.probe_pool = ThreadPoolExecutor(1)
+    sys.probe_pool.submit(int)
     atexit.register(print, "an atexit handler ran")
     print("buffered, not flushed", end=" ")
     sys.exit("the probe's exit message")
