@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
@@ -58,14 +59,10 @@ def tiny(tmp_path_factory):
     """``build(entry)`` -> a seeded untrained model of the entry, its run and its fp32 graphs, on
     tiny prepared data (each task prepared once, each entry exported once)."""
     tmp = tmp_path_factory.mktemp("quantize")
-    prepared, built = {}, {}
+    prepared = {}
 
+    @functools.cache
     def build(name: str) -> SimpleNamespace:
-        if name not in built:
-            built[name] = _build(name)
-        return built[name]
-
-    def _build(name: str) -> SimpleNamespace:
         entry = _PARAMS["models"][name]
         task = get_task(entry["task"])
         if entry["task"] not in prepared:
@@ -106,9 +103,9 @@ def test_the_task_scores_the_fp32_graphs_exactly_as_pytorch(arch, tiny):
     assert got == numbers(want)
 
 
-@pytest.mark.xdist_group("tests.test_quantize:attention_ocr")  # the graphs the fp32 test of attention_ocr exports
-def test_int8_graphs_are_quantised_and_scored(tiny):
-    it = tiny(ENTRIES["attention_ocr"])
+@pytest.mark.parametrize("arch", ["attention_ocr"])  # its fp32 test's graphs, on the same worker (conftest.py)
+def test_int8_graphs_are_quantised_and_scored(arch, tiny):
+    it = tiny(ENTRIES[arch])
     graphs = list(it.model.export_graphs())
     sizes = quantize_graphs(it.onnx, graphs, it.tmp / "int8", ["MatMul"])
     assert set(sizes) == set(graphs)
