@@ -77,9 +77,19 @@ def page(srv, tmp_path_factory):
 
 # ---- driving the page ---------------------------------------------------------------------------------
 def wait(page, predicate, what: str, timeout: float = 30):
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(page.driver, timeout, poll_frequency=0.05).until(lambda _: predicate(), message=what)
+    try:
+        return WebDriverWait(page.driver, timeout, poll_frequency=0.05).until(lambda _: predicate(), message=what)
+    except TimeoutException:
+        # what the page showed when it gave up, and its console's errors: enough to tell a slow
+        # server from a failed request or a lost click when this fails only on a loaded machine
+        seen = page.driver.execute_script("""const p = document.getElementById('panel');
+            return {hash: location.hash, model: p && p.dataset.model, state: p && p.dataset.state,
+                    status: p && p.querySelector('.status') && p.querySelector('.status').textContent};""")
+        console = [e["message"] for e in page.driver.get_log("browser")]
+        raise AssertionError(f"no {what} after {timeout} s; the page: {seen}; its console: {console}") from None
 
 
 def panel(page):
