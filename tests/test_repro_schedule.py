@@ -78,7 +78,7 @@ def test_a_waiting_tune_whose_data_came_out_identical_does_not_hold_back_its_tra
                       f"{stamp.format(tmp_path, 'train_y', 'end')}"}
     graph = {"prepare@t": set(), "train@y": set(), "tune@x": {"prepare@t"}, "train@x": {"tune@x"}}
     plan = _plan(tmp_path, graph, cmd)
-    plan.nodes["tune@x"].slots = 2
+    plan.nodes["tune@x"].slots, plan.nodes["tune@x"].searches = 2, True  # a search
     nodes = repro.execute(tmp_path, plan, repro.LocalExecutor(tmp_path, jobs=2), echo=lambda line: None)
     assert {name: n.state for name, n in nodes.items()} == {
         "prepare@t": "ran", "train@y": "ran", "tune@x": "up-to-date", "train@x": "ran"}
@@ -98,7 +98,7 @@ def test_a_tune_takes_the_free_slot_when_a_training_holds_the_other(tmp_path, no
                      f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
     graph = {"train@y": set(), "tune@x": set(), "train@x": {"tune@x"}}
     plan = _plan(tmp_path, graph, cmd)
-    plan.nodes["tune@x"].slots = 2
+    plan.nodes["tune@x"].slots, plan.nodes["tune@x"].searches = 2, True  # a search
     plan.order = ["train@y", "tune@x", "train@x"]
     # train@y first: the longest path starts first (its estimate is the training's last wall time).
     plan.estimates.update({"train@y": 100.0})
@@ -122,7 +122,7 @@ def test_a_stage_ranked_above_the_tune_takes_the_free_slot_first(tmp_path, no_dv
                      f"{stamp.format(tmp_path, 'tune_x', 'start')}"}
     graph = {"train@y": set(), "evaluate@z": set(), "tune@x": set()}
     plan = _plan(tmp_path, graph, cmd)
-    plan.nodes["tune@x"].slots = 2
+    plan.nodes["tune@x"].slots, plan.nodes["tune@x"].searches = 2, True  # a search
     plan.estimates.update({"train@y": 100.0, "evaluate@z": 50.0, "tune@x": 10.0})
     executor = repro.LocalExecutor(tmp_path, jobs=2)
     executor.cores = 2
@@ -273,3 +273,13 @@ def test_dvc_is_a_version_the_lock_writes_are_tested_on():
     from dvc.dependency import param
 
     assert callable(param.load_path)
+
+
+def test_only_a_tune_with_a_search_space_starts_ray_and_takes_every_slot():
+    # the others write an empty tuned.yaml at once: one slot, forked by the warm starter like any stage
+    from pipeline.runner.plan import _searches
+
+    params = {"models": {"a": {"search_space": {"lr": {"loguniform": [1e-4, 1e-2]}}}, "b": {"search_space": {}},
+                         "c": {"model": {}}}}
+    assert [_searches(f"tune@{key}", params) for key in "abc"] == [True, False, False]
+    assert not _searches("train@a", params) and not _searches("tune@missing", params)

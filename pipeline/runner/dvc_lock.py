@@ -100,14 +100,14 @@ class _LockWrites:
             _common._dump_data, _yaml.parse_yaml_for_update = dump, parse
 
 
-class _ParamsReads:
+class ParamsReads:
     """DVC's params file reads, parsed once per version of the file instead of once per question.
 
-    Hashing a stage's ``params:`` dependency parses the whole params.yaml (ruamel's pure-Python
-    loader: 0.6 s for the smoke profile's file here), and a commit hashes it three times (saving the
-    dependency, then twice in the run cache's ``_can_hash``): 2 s of the runner's one thread per
-    stage, while a slot waits. A file read again while its inode, size and mtime are unchanged gets a
-    deep copy of what its last parse gave, which is what parsing it again would give.
+    Hashing a stage's ``params:`` dependency parses the whole params.yaml (0.03 s with ruamel's C
+    parser here, 0.1 s in pure Python): a status parses it once for each of the ~150 stages, a commit
+    three times (saving the dependency, then twice in the run cache's ``_can_hash``). A file read
+    again while its inode, size and mtime are unchanged gets a deep copy of what its last parse gave,
+    which is what parsing it again would give.
 
     A DVC internal (``dvc.dependency.param.load_path``), like ``_LockWrites``' (pyproject.toml pins
     DVC); a DVC without it reads the file each time."""
@@ -152,7 +152,7 @@ class _Dvc:
     def __init__(self, root: Path):
         self.root, self.repo, self.stages = root, None, {}
         self.lock_writes = _LockWrites()
-        self.params_reads = _ParamsReads()
+        self.params_reads = ParamsReads()
 
     def stage(self, name: str):
         if self.repo is None:

@@ -30,8 +30,8 @@ class LocalExecutor:
     """Each stage a process group of its own (so an interrupt stops the whole stage), logged to a file.
 
     A ``python -m pipeline.stages.*`` command is forked by a warm starter (``warm.py``) with the stage's
-    environment, skipping its seconds of imports; any other command, and a ``tune@`` (its Ray trials get
-    their own thread variables), runs through the shell.
+    environment, skipping its seconds of imports; any other command, and a ``tune@`` that searches (its
+    Ray trials get their own thread variables), runs through the shell.
     """
 
     where = "local"
@@ -48,7 +48,7 @@ class LocalExecutor:
     def start(self, node: Node, log: Path) -> None:
         node.threads = threads = max(1, self.cores * node.slots // self.jobs)
         env = {**os.environ, **_stage_env(self.root, node.name, threads)}
-        if node.kind == "tune":
+        if node.searches:
             # The local Ray a tune@ starts counts the machine's cores, not its share: with fewer
             # slots than jobs its trials would run beside the other stages on cores they hold.
             env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": threads})
@@ -60,7 +60,7 @@ class LocalExecutor:
         handle = log.open("wb")
         handle.write(f"# attnzoo repro: {node.name}, {threads} thread(s)\n".encode())
         handle.flush()
-        argv = forkable(node.cmd) if node.kind != "tune" else None
+        argv = forkable(node.cmd) if not node.searches else None
         proc = self._fork(argv, env, log) if argv else None
         if proc is None:
             proc = subprocess.Popen(node.cmd, shell=True, cwd=self.root, env=env, stdout=handle,

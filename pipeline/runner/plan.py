@@ -27,6 +27,7 @@ class Node:
     kind: str                  # "train", the part before "@"
     changed: bool              # by the status taken before the run
     slots: int = 1             # local slots it occupies
+    searches: bool = False     # a tune@ with a search space: it starts Ray (the others write {} at once)
     threads: int = 0           # the threads it was given (local runs)
     state: str = "waiting"     # waiting | running | ran | up-to-date | failed | blocked
     started: float = 0.0
@@ -58,6 +59,8 @@ def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -
     import networkx as nx
     from dvc.exceptions import DvcException
 
+    from pipeline.runner.dvc_lock import ParamsReads  # it builds on this module's _repo
+
     repo = _repo(root)
     try:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
@@ -73,7 +76,8 @@ def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -
                         scope.update(nx.descendants(graph, stage))
         else:
             scope = {s for s in graph.nodes if s.cmd}
-        with repo.lock:  # the stages' read locks need it
+        # the stages' read locks need the repository lock; params.yaml is parsed once, not once a stage
+        with repo.lock, ParamsReads()():
             status = {s.addressing for s in scope if s.status()}  # {} when the stage is up to date
     except DvcException as err:
         raise ReproError(f"DVC cannot read the pipeline: {err}") from None
@@ -84,9 +88,10 @@ def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -
     for stage in scope:
         kind = stage.addressing.split("@", 1)[0]
         ups = {s.addressing for s in graph.successors(stage) if s in scope}
+        searches = _searches(stage.addressing, params)
         nodes[stage.addressing] = Node(stage.addressing, stage.cmd if isinstance(stage.cmd, str) else
                                        " && ".join(stage.cmd), ups, kind, stage.addressing in status,
-                                       slots=_slots(stage.addressing, params, jobs))
+                                       slots=jobs if searches else 1, searches=searches)
     sub = nx.DiGraph(graph.subgraph(scope)).reverse()  # dependency -> dependant
     order = [s.addressing for s in nx.lexicographical_topological_sort(sub, key=lambda s: s.addressing)]
     return Plan(nodes, order, _estimates(root, nodes))
@@ -115,12 +120,10 @@ def _params(root: Path) -> dict:
     return yaml.safe_load((root / "params.yaml").read_text()) or {}
 
 
-def _slots(name: str, params: dict, jobs: int) -> int:
-    """A tune@ stage with a search space runs its trials on every core: it takes all local slots."""
+def _searches(name: str, params: dict) -> bool:
+    """A tune@ stage with a search space: it runs its trials on every core (all local slots)."""
     kind, _, key = name.partition("@")
-    if kind == "tune" and (params.get("models", {}).get(key, {}).get("search_space") or {}):
-        return jobs
-    return 1
+    return kind == "tune" and bool(params.get("models", {}).get(key, {}).get("search_space") or {})
 
 
 def _shrink(node: Node, todo: list[str], nodes: dict[str, Node], executor) -> bool:
