@@ -10,9 +10,17 @@ import logging
 import os
 from pathlib import Path
 
-from pipeline.runner.plan import _repo
-
 log = logging.getLogger(__name__)
+
+
+def open_repo(root: Path):
+    from dvc.repo import Repo
+
+    # Wait for the repository lock (`dvc --wait-for-lock`): a user's `dvc status` meanwhile must not
+    # fail a finished stage's commit.
+    repo = Repo(str(root), _wait_for_lock=True)
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # not "Updating lock file" per stage (DVC resets it)
+    return repo
 
 
 class _LockWrites:
@@ -156,7 +164,7 @@ class _Dvc:
 
     def stage(self, name: str):
         if self.repo is None:
-            self.repo = _repo(self.root)
+            self.repo = open_repo(self.root)
             self.stages = {s.addressing: s for s in self.repo.index.stages}
         return self.stages[name]
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from pipeline.runner.dvc_lock import ParamsReads, open_repo
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/runner/ is two levels down
 LOG_DIR = Path(".dvc") / "tmp" / "repro"  # per-stage logs and the last run's summary (DVC ignores .dvc/tmp)
@@ -43,25 +44,13 @@ class Plan:
     estimates: dict[str, float] = field(default_factory=dict)
 
 
-def _repo(root: Path):
-    from dvc.repo import Repo
-
-    # Wait for the repository lock (`dvc --wait-for-lock`): a user's `dvc status` meanwhile must not
-    # fail a finished stage's commit.
-    repo = Repo(str(root), _wait_for_lock=True)
-    logging.getLogger("dvc").setLevel(logging.WARNING)  # not "Updating lock file" per stage (DVC resets it)
-    return repo
-
-
 def plan(root: Path, targets: list[str], jobs: int, single_item: bool = False) -> Plan:
     """The stages ``targets`` need (all stages when empty; only the targets with ``single_item``),
     their edges, and what DVC says changed."""
     import networkx as nx
     from dvc.exceptions import DvcException
 
-    from pipeline.runner.dvc_lock import ParamsReads  # it builds on this module's _repo
-
-    repo = _repo(root)
+    repo = open_repo(root)
     try:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         if targets:
