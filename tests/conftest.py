@@ -111,10 +111,9 @@ def numbers_only():
         yield
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _one_torchlib_registry():
-    """torch.onnx.export builds its table of ONNX translations from torchlib on every call (1-2 s,
-    a tenth of a tiny model's export) and only reads it: one table per test process serves every
+def one_torchlib_registry(patch: pytest.MonkeyPatch) -> None:
+    """torch.onnx.export builds its table of ONNX translations from torchlib on every call (about half
+    a second, once per exported graph) and only reads it: one table per test process serves every
     export, with the same bytes written. Stages export a model once per process and keep torch's own."""
     from torch.onnx._internal.exporter import _registration
 
@@ -127,8 +126,13 @@ def _one_torchlib_registry():
             built[key] = build(cls, *args, **kwargs)
         return built[key]
 
+    patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(once))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torchlib_registry():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(once))
+        one_torchlib_registry(patch)
         yield
 
 

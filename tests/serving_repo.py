@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 import models
 from pipeline.serving_meta import memory, serving_meta
 from pipeline.stages.export import export_onnx
 from pipeline.stages.publish import write_version
-from tests.conftest import TINY
+from tests.conftest import TINY, one_torchlib_registry
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
           "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
@@ -73,13 +74,18 @@ class _Publisher:
         from concurrent.futures import ProcessPoolExecutor
 
         # spawn, not fork: a forked child of a process whose OpenMP pool has run can hang in it
-        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"), initializer=_exporter) as pool:
             done = [pool.submit(export_onnx, job[3], job[6]) for job in self.todo]
             for future in done:
                 future.result()
         for name, arch, task, model, artifacts, promoted, onnx_dir in self.todo:
             _write(self.repo, name, arch, task, model, artifacts, promoted, onnx_dir)
+
+
+def _exporter() -> None:
+    """A spawned exporting process: one thread, and one table of ONNX translations for all its exports."""
+    torch.set_num_threads(1)
+    one_torchlib_registry(pytest.MonkeyPatch())  # for the process's lifetime
 
 
 def build_published(tmp: Path, build: bool = True) -> SimpleNamespace:

@@ -72,18 +72,22 @@ def test_a_stage_error_is_a_traceback_in_its_log_and_a_stop_signal_reaches_its_g
     assert starter.proc.returncode == 0  # it left when its stdin closed
 
 
+@pytest.fixture(scope="module")
+def one_thread_starter(tmp_path_factory):
+    """A starter for one-thread stages, shared by tests whose children leave it as it was."""
+    starter = Starter(ROOT, stage_env(1), tmp_path_factory.mktemp("starter") / "starter.log")
+    yield starter
+    starter.close()
+
+
 @pytest.mark.parametrize(("mode", "status"), [("exit-work", 1), ("interrupt", -signal.SIGINT), ("raise", 1), ("0", 0)])
-def test_a_forked_stage_exits_as_python_m_does(tmp_path, mode, status):
+def test_a_forked_stage_exits_as_python_m_does(tmp_path, mode, status, one_thread_starter):
     """The child skips the interpreter's teardown (seconds a stage) but not what a stage can see: its
     exit status, a message or traceback, its threads joined, its atexit handlers, its buffered output;
     the log after the probe's first line is what a fresh ``python -m`` writes (a traceback's frames aside)."""
     env = stage_env(1)
-    starter = Starter(ROOT, env, tmp_path / "starter.log")
-    try:
-        log = tmp_path / "forked.log"
-        assert starter.spawn(["tests.warm_probe", mode], env, log).wait(timeout=120) == status
-    finally:
-        starter.close()
+    log = tmp_path / "forked.log"
+    assert one_thread_starter.spawn(["tests.warm_probe", mode], env, log).wait(timeout=120) == status
     with (tmp_path / "fresh.log").open("w") as fresh:
         assert subprocess.run([sys.executable, "-m", "tests.warm_probe", mode], cwd=ROOT, env=env, stdout=fresh,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode == status
