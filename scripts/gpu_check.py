@@ -172,9 +172,11 @@ def _export_seeded(spec: dict, out: Path) -> float:
     returns the seconds it took."""
     import torch
 
+    from pipeline.rnn_export import clear_rnn_dispatch
     from pipeline.stages.export import export_onnx
 
     torch.set_num_threads(1)  # one core per export: the pool runs one per core
+    clear_rnn_dispatch()  # a pool process exports several models
     start = time.perf_counter()
     export_onnx(build(spec), out)
     return time.perf_counter() - start

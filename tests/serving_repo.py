@@ -16,7 +16,7 @@ import models
 from pipeline.serving_meta import memory, serving_meta
 from pipeline.stages.export import export_onnx
 from pipeline.stages.publish import write_version
-from tests.conftest import TINY, one_torchlib_registry
+from tests.conftest import TINY, fresh_rnn_exports, one_torchlib_registry
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
           "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
@@ -83,9 +83,12 @@ class _Publisher:
 
 
 def _exporter() -> None:
-    """A spawned exporting process: one thread, and one table of ONNX translations for all its exports."""
+    """A spawned exporting process: one thread, one table of ONNX translations for all its exports, and
+    each export as the process's first."""
     torch.set_num_threads(1)
-    one_torchlib_registry(pytest.MonkeyPatch())  # for the process's lifetime
+    patch = pytest.MonkeyPatch()  # for the process's lifetime
+    one_torchlib_registry(patch)
+    fresh_rnn_exports(patch)
 
 
 def build_published(tmp: Path, build: bool = True) -> SimpleNamespace:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import onnxruntime as ort
 import pytest
 import torch
 from torch.testing import assert_close
@@ -250,6 +251,32 @@ def test_rnnencdec_ablation_is_a_forward_encoder_and_one_fixed_context(tmp_path)
     cases = [(f"batch {b}", tiny_batch("bahdanau", seed=b, batch=b)) for b in (1, 3)]
     report = parity_check(model, tmp_path, cases, {"atol": 1e-4, "rtol": 1e-3}, "cpu")
     assert report["passed"], report
+
+
+class _Outputs(torch.nn.Module):
+    def __init__(self, rnn: torch.nn.Module):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]  # [B,S,H]: the outputs, not the final states
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_an_rnn_exported_after_an_earlier_trace_keeps_its_dynamic_length(rnn, tmp_path):
+    """A process that traced a GRU or LSTM before (here torch.export at a fixed length) caches the op's
+    kernel; the tests' exports clear it (pipeline/rnn_export.py), or this export would fix the source
+    length to the example's and fail."""
+    torch.manual_seed(0)
+    model = _Outputs({"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[rnn](4, 3, batch_first=True)).eval()
+    torch.export.export(model, (torch.randn(2, 5, 4),))
+    assert getattr(torch.ops.aten, rnn).input._dispatch_cache  # the state the clearing is for
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(model, (torch.randn(2, 5, 4),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch", 1: "steps"}}, dynamo=True)
+    x = torch.randn(3, 9, 4)  # another batch and length than the example's
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    assert_close(torch.from_numpy(got), model(x).detach(), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("attention", ["global", "local_p"])

@@ -1,0 +1,21 @@
+"""Every ONNX export of a recurrent model as if it were the first of its process.
+
+For a dynamic sequence axis, torch.onnx (torch 2.13) swaps in while-loop kernels for ``aten.gru`` and
+``aten.lstm`` (``torch.export._patches``) by editing each op's Python kernels, without clearing the
+op's dispatch cache. In a process that has already traced one of these ops, a later export can run the
+cached kernel instead: the plain Python loop over time steps, which fixes the sequence length to the
+example's, and torch.export then refuses the dynamic axis ("tracing inferred a static shape of 5").
+Exporting the Neural Programmer and then RNNencdec in one process fails that way; each export stage
+exports one model in a fresh process and never meets it. Whoever exports several models in one
+process clears the two caches before each export.
+"""
+
+from __future__ import annotations
+
+
+def clear_rnn_dispatch() -> None:
+    """Forget the kernels ``aten.gru.input`` and ``aten.lstm.input`` cached from earlier traces."""
+    import torch
+
+    for op in (torch.ops.aten.gru.input, torch.ops.aten.lstm.input):
+        op._dispatch_cache.clear()
