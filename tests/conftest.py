@@ -73,19 +73,19 @@ LONGEST = "tests/test_pipeline_smoke.py"
 
 
 # The unit tests (`make test-fast`, also --dist loadgroup) are handed out one at a time, except those that
-# read one architecture's graphs from a module fixture that exports them once (`EXPORTS_ONCE`): those of
-# one architecture go to one worker, which exports it once (handed out freely, a test and the one
-# beside it that reads the same graphs landed on two workers and both exported: 25-35 s of the lane).
-EXPORTS_ONCE = {"exported", "tiny"}
+# read a module fixture that exports or converts a model once (`BUILDS_ONCE`): those of one module (and
+# one architecture, where the fixture takes it) go to one worker, which builds it once (handed out freely,
+# a test and the one beside it that reads the same graphs landed on two workers and both exported).
+BUILDS_ONCE = {"exported", "converted"}
 
 
 def _group(item) -> str | None:
     if not FAST:
         return item.module.__name__
+    if not BUILDS_ONCE & set(item.fixturenames):
+        return None
     arch = getattr(getattr(item, "callspec", None), "params", {}).get("arch")
-    if arch is not None and EXPORTS_ONCE & set(item.fixturenames):
-        return f"{item.module.__name__}:{arch}"
-    return None
+    return item.module.__name__ if arch is None else f"{item.module.__name__}:{arch}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

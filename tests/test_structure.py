@@ -1,5 +1,6 @@
 """The code's shape, read from its source: functions that fit a screen, no import cycle, stages that import
-no other stage, nothing below the runner importing it, and every stage depending on the code it runs."""
+no other stage, nothing below the runner importing it, and every stage depending on the code it runs; and the
+test lanes keeping a group on one worker."""
 
 from __future__ import annotations
 
@@ -229,3 +230,12 @@ def test_the_stage_check_reads_every_stage():
     assert {"runs/bahdanau/checkpoint", "models/bahdanau.py", "data/task_code/translation_de_en.json"} <= set(export)
     assert "pipeline/tasks/sort.py" in _reached("pipeline.tasks.sort")
     assert "models/layers.py" in _reached("models.bahdanau")
+
+
+@pytest.mark.xdist_group("lanes")
+def test_the_lanes_hand_out_a_group_whole(request):
+    """The Makefile's lanes run `-n N --dist loadgroup`: pytest-xdist keeps a group on one worker by a
+    suffix on its tests' ids, which a pytest it does not match drops without a word (pytest 9.2 with
+    pytest-xdist 3.8: every module fixture built on both workers). Under a lane this test's id has it."""
+    loadgroup = getattr(request.config.option, "loadgroup", False)  # set in xdist's workers
+    assert request.node.nodeid.endswith("@lanes") == bool(loadgroup), request.node.nodeid
