@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(LOCAL_RAY)]  # Ray witho
 #       ::test_reinforce_trains_attention_but_not_the_cnn, ::test_both_variants_export_with_parity[hard-argmax]
 #   attention_ocr: recursions 0 is TINY's default in test_registry (forward, overfit, export parity)
 #   speech_content: test_recognition::test_speech_padded_batch_decodes_each_utterance_as_alone_and_learns
-#       [content]; test_registry::test_speech_attention_variants_export_with_parity[content]
+#       [content]; test_registry::test_speech_attention_content_variant_exports_with_parity
 SMOKE = profiles.load("smoke")
 KEEP = SMOKE["keep"]
 TUNED = SMOKE["tuned"]  # a real Ray search takes both slots here; tests/test_ray_cluster.py runs it on two nodes
@@ -72,6 +72,39 @@ def checkout_state() -> tuple[str, bytes, bool]:
                             cwd=profiles.ROOT, capture_output=True, text=True, check=True).stdout
     mlflow_db = profiles.ROOT / "mlflow.db"
     return status, (profiles.ROOT / "dvc.lock").read_bytes(), mlflow_db.exists() and mlflow_db.stat().st_mtime
+
+
+def assert_graphs_score_as_pytorch(repo: Path, params: dict) -> None:
+    """For the first entry of each architecture: its task's evaluation of the exported fp32 graphs on
+    onnxruntime (greedy through the serving loop, beam through the export specs; the NTM's bits from
+    the served model, DRAW's bound from its ``infer`` graph) gives every test metric evaluate@ wrote
+    with PyTorch, exactly; and the int8 graphs quantize@ scored hold integer MatMuls, convolutions
+    left in fp32 (params.yaml ``quantize.op_types``)."""
+    import onnx
+
+    from pipeline.checkpoint import load_model
+    from pipeline.config import resolve
+    from pipeline.stages.quantize import evaluate_graphs
+
+    firsts = {}
+    for name, entry in params["models"].items():
+        firsts.setdefault(entry["arch"], name)
+    assert len(firsts) == len({e["arch"] for e in yaml.safe_load((profiles.ROOT / "params.yaml").read_text())
+                               ["models"].values()})  # every architecture
+    for name in firsts.values():
+        run_dir = repo / "runs" / name
+        model, _ = load_model(run_dir / "checkpoint" / "best")
+        got = evaluate_graphs(model, resolve(name, params=params, root=repo), run_dir / "onnx", threads=1)
+        wrote = json.loads((run_dir / "metrics.json").read_text())
+        want = {k: v for k, v in wrote.items() if k not in ("eval_seconds", "parameters", "train_seconds")
+                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert len(want) >= 1 and got == want, name
+    ocr = repo / "runs" / firsts["attention_ocr"]
+    ops = {n.op_type for g in (ocr / "int8").glob("*.onnx") for n in onnx.load(str(g)).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops and "ConvInteger" not in ops, ops
+    int8 = json.loads((ocr / "int8_metrics.json").read_text())
+    assert 0.0 <= int8["metrics"]["seq_acc_beam"] <= 100.0 and int8["metrics"]["cer_beam"] >= 0.0
+    assert [c["metric"] for c in int8["gate"]["conditions"]] == ["seq_acc_beam"]
 
 
 def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
@@ -150,6 +183,7 @@ def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
     parents = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'"))
     assert len(parents) >= 2 * len(TUNED)  # every tune trial is a child run (2-point grids)
     assert all(params["models"][name]["search_space"] for name in TUNED)
+    assert_graphs_score_as_pytorch(repo, params)
     # dvc.lock is what `dvc repro` writes: DVC finds nothing changed, its own repro runs no stage,
     # and neither does the runner.
     assert_dvc_clean(repo, env)

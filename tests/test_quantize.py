@@ -1,12 +1,12 @@
-"""quantize@<model>: int8 graphs, the task's evaluation on onnxruntime, and the gate."""
+"""quantize@<model>: the gate, the onnxruntime twin the task's evaluation scores, and the int8 variant's
+publishing. Every architecture's graphs, fp32 and int8, scored by its task: tests/test_pipeline_smoke.py,
+on the models the tiny pipeline trained."""
 
 from __future__ import annotations
 
-import functools
 import json
 from types import SimpleNamespace
 
-import onnx
 import pytest
 import torch
 import yaml
@@ -14,13 +14,8 @@ import yaml
 import models
 from pipeline.config import UserError
 from pipeline.stages.export import export_onnx
-from pipeline.stages.quantize import NotFromGraphs, OnnxTwin, evaluate_graphs, gate, quantize_graphs, settings
-from pipeline.tasks import get_task
+from pipeline.stages.quantize import NotFromGraphs, OnnxTwin, gate, settings
 from tests.conftest import ROOT, TINY, tiny_batch
-from tests.test_pipeline_smoke import KEEP, tiny_params
-
-_PARAMS = tiny_params(yaml.safe_load((ROOT / "params.yaml").read_text()))
-pytestmark = pytest.mark.usefixtures("numbers_only")  # metrics compared, figures not drawn
 
 
 def test_gate_takes_the_direction_from_the_bar_and_allows_the_tolerance():
@@ -46,76 +41,6 @@ def test_settings_read_the_params_block_with_per_model_tolerances():
     with pytest.raises(UserError, match="params.yaml quantize: missing op_types, tolerance"):
         settings("ntm", {})  # the values live in params.yaml only
     assert set(shipped["quantize"].get("tolerance_by_model", {})) <= set(shipped["models"])
-
-
-# One entry per architecture, as the pipeline smoke test trains them (tiny data, tiny models).
-ENTRIES = {}
-for _name in KEEP:
-    ENTRIES.setdefault(_PARAMS["models"][_name]["arch"], _name)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """``build(entry)`` -> a seeded untrained model of the entry, its run and its fp32 graphs, on
-    tiny prepared data (each task prepared once, each entry exported once)."""
-    tmp = tmp_path_factory.mktemp("quantize")
-    prepared = {}
-
-    @functools.cache
-    def build(name: str) -> SimpleNamespace:
-        entry = _PARAMS["models"][name]
-        task = get_task(entry["task"])
-        if entry["task"] not in prepared:
-            data = tmp / entry["task"]
-            data.mkdir()
-            manifest = task.prepare(_PARAMS["tasks"][entry["task"]], data)
-            (data / "manifest.json").write_text(json.dumps(manifest))
-            prepared[entry["task"]] = (data, manifest)
-        data, manifest = prepared[entry["task"]]
-        torch.manual_seed(0)
-        model = models.build(entry["arch"], {**manifest.get("model_defaults", {}), **entry["model"]}).eval()
-        export_onnx(model, tmp / name / "onnx")
-        run = SimpleNamespace(task=entry["task"], data_dir=data, evaluate=entry["evaluate"], name=name,
-                              bar=entry.get("bar", []), limits={}, run_dir=tmp / name)
-        return SimpleNamespace(model=model, run=run, task=task, onnx=tmp / name / "onnx", tmp=tmp / name)
-
-    return build
-
-
-def numbers(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-# speech_attention's tiny data is speech that espeak-ng synthesises (a process): outside the fast lane
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.integration) if a == "speech_attention" else a
-                                  for a in sorted(ENTRIES)])
-def test_the_task_scores_the_fp32_graphs_exactly_as_pytorch(arch, tiny):
-    """Greedy (predict → the serving loop) and beam (export specs → onnxruntime) on the graphs
-    PyTorch exported: every test metric of the task's own evaluation equal, for every
-    architecture (the NTM's bits come from the served model, DRAW's bound from its ``infer``
-    graph)."""
-    it = tiny(ENTRIES[arch])
-    plots = it.tmp / "plots"
-    plots.mkdir()
-    want, _ = it.task.evaluate(it.model, it.run, plots)
-    got = evaluate_graphs(it.model, it.run, it.onnx)
-    assert len(numbers(want)) >= 1
-    assert got == numbers(want)
-
-
-@pytest.mark.parametrize("arch", ["attention_ocr"])  # its fp32 test's graphs, on the same worker (conftest.py)
-def test_int8_graphs_are_quantised_and_scored(arch, tiny):
-    it = tiny(ENTRIES[arch])
-    graphs = list(it.model.export_graphs())
-    sizes = quantize_graphs(it.onnx, graphs, it.tmp / "int8", ["MatMul"])
-    assert set(sizes) == set(graphs)
-    ops = {n.op_type for g in graphs for n in onnx.load(str(it.tmp / "int8" / f"{g}.onnx")).graph.node}
-    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
-    assert "ConvInteger" not in ops  # only the op types asked for
-    metrics = evaluate_graphs(it.model, it.run, it.tmp / "int8")
-    assert 0.0 <= metrics["seq_acc_beam"] <= 100.0 and metrics["cer_beam"] >= 0.0
-    report = gate(numbers(it.task.evaluate(it.model, it.run, it.tmp)[0]), metrics, it.run.bar, 0.5)
-    assert [c["metric"] for c in report["conditions"]] == ["seq_acc_beam"]
 
 
 def test_the_twin_refuses_what_only_pytorch_computes():
