@@ -76,7 +76,7 @@ LONGEST = "tests/test_pipeline_smoke.py"
 # read a module fixture that exports or converts a model once (`BUILDS_ONCE`): those of one module (and
 # one architecture, where the fixture takes it) go to one worker, which builds it once (handed out freely,
 # a test and the one beside it that reads the same graphs landed on two workers and both exported).
-BUILDS_ONCE = {"exported", "converted"}
+BUILDS_ONCE = {"exported", "converted", "ntm_graphs"}
 
 
 def _group(item) -> str | None:

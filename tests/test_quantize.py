@@ -43,59 +43,60 @@ def test_settings_read_the_params_block_with_per_model_tolerances():
     assert set(shipped["quantize"].get("tolerance_by_model", {})) <= set(shipped["models"])
 
 
-def test_the_twin_refuses_what_only_pytorch_computes():
+@pytest.fixture(scope="module")
+def ntm_graphs(tmp_path_factory):
+    """The graphs of :func:`_ntm`, exported once for the module's tests (conftest.py groups them)."""
+    folder = tmp_path_factory.mktemp("ntm-onnx")
+    export_onnx(_ntm(), folder)
+    return folder
+
+
+def _ntm():
     torch.manual_seed(0)
-    ntm = models.build("ntm", TINY["ntm"]).eval()
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        export_onnx(ntm, Path(tmp))
-        twin = OnnxTwin(ntm, Path(tmp))
-        batch = tiny_batch("ntm")
-        out = twin.predict(batch)
-        torch.testing.assert_close(out["logits"], ntm.predict(batch)["logits"], atol=1e-4, rtol=1e-3)
-        assert twin.cfg is ntm.cfg
-        assert not hasattr(twin, "decode_uncached")  # a task's PyTorch-only self-check is skipped
-        with pytest.raises(NotFromGraphs, match="loss"):
-            twin.loss(batch)
-        missing = sorted(set(ntm.predict(batch)) - set(out))
-        assert "bits" in missing  # the loop returns logits; the server thresholds them
-        with pytest.raises(NotFromGraphs, match="bits"):  # without a run there is no served model
-            out["bits"]
+    return models.build("ntm", TINY["ntm"]).eval()  # the seed-0 tiny NTM
 
 
-def test_what_the_loop_lacks_comes_from_the_served_model_once(monkeypatch):
+def test_the_twin_refuses_what_only_pytorch_computes(ntm_graphs):
+    ntm = _ntm()
+    twin = OnnxTwin(ntm, ntm_graphs)
+    batch = tiny_batch("ntm")
+    out = twin.predict(batch)
+    torch.testing.assert_close(out["logits"], ntm.predict(batch)["logits"], atol=1e-4, rtol=1e-3)
+    assert twin.cfg is ntm.cfg
+    assert not hasattr(twin, "decode_uncached")  # a task's PyTorch-only self-check is skipped
+    with pytest.raises(NotFromGraphs, match="loss"):
+        twin.loss(batch)
+    missing = sorted(set(ntm.predict(batch)) - set(out))
+    assert "bits" in missing  # the loop returns logits; the server thresholds them
+    with pytest.raises(NotFromGraphs, match="bits"):  # without a run there is no served model
+        out["bits"]
+
+
+def test_what_the_loop_lacks_comes_from_the_served_model_once(ntm_graphs, monkeypatch):
     """The NTM's bits: the twin asks the server's own model (serving/kinds) for them, on the same
     feeds, and only when the evaluation reads a key the loop does not return."""
-    torch.manual_seed(0)
-    ntm = models.build("ntm", TINY["ntm"]).eval()
-    import tempfile
-    from pathlib import Path
-
     from serving.kinds.recurrent import RecurrentModel
 
+    ntm = _ntm()
     calls = []
     infer = RecurrentModel.infer
     monkeypatch.setattr(RecurrentModel, "infer", lambda self, f, p: calls.append(1) or infer(self, f, p))
     run = SimpleNamespace(task="copy", name="ntm", evaluate={}, limits={}, run_dir=None)
-    with tempfile.TemporaryDirectory() as tmp:
-        export_onnx(ntm, Path(tmp))
-        twin = OnnxTwin(ntm, Path(tmp), run=run)
-        batch = tiny_batch("ntm")
-        out = twin.predict(batch)
-        assert out["logits"].shape == batch["x"].shape[:2] + (TINY["ntm"]["output_size"],) and calls == []
-        want = ntm.predict(batch)
-        assert torch.equal(out["bits"].float(), (out["logits"] > 0).float()) and calls == [1]
-        assert (out["bits"].float() == want["bits"]).float().mean() > 0.99  # fp32 graphs vs PyTorch
-        torch.testing.assert_close(out["read_weights"], want["read_weights"], atol=1e-4, rtol=1e-3)
-        out["write_weights"]
-        assert calls == [1]  # the served answer is asked for once per predict()
-        served = twin._served_model
-        twin.predict(batch)["bits"]
-        assert twin._served_model is served and calls == [1, 1]  # the server's model is built once
-        with pytest.raises(NotFromGraphs, match="neither the exported loop nor the served model"):
-            out["probs"]
+    twin = OnnxTwin(ntm, ntm_graphs, run=run)
+    batch = tiny_batch("ntm")
+    out = twin.predict(batch)
+    assert out["logits"].shape == batch["x"].shape[:2] + (TINY["ntm"]["output_size"],) and calls == []
+    want = ntm.predict(batch)
+    assert torch.equal(out["bits"].float(), (out["logits"] > 0).float()) and calls == [1]
+    assert (out["bits"].float() == want["bits"]).float().mean() > 0.99  # fp32 graphs vs PyTorch
+    torch.testing.assert_close(out["read_weights"], want["read_weights"], atol=1e-4, rtol=1e-3)
+    out["write_weights"]
+    assert calls == [1]  # the served answer is asked for once per predict()
+    served = twin._served_model
+    twin.predict(batch)["bits"]
+    assert twin._served_model is served and calls == [1, 1]  # the server's model is built once
+    with pytest.raises(NotFromGraphs, match="neither the exported loop nor the served model"):
+        out["probs"]
 
 
 def test_publish_serves_the_int8_variant_as_its_own_model_only_when_its_gate_passed(tmp_path, monkeypatch):

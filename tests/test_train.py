@@ -224,6 +224,7 @@ def test_code_change_gives_a_new_run_identity(root, monkeypatch, tmp_path):
     assert train_mod.config_hash(run) == before
 
 
+@pytest.mark.slow  # trains, evaluates, exports, quantises and publishes a model
 def test_every_stage_takes_an_ad_hoc_run_folder(root):
     """`attnzoo train MODEL --out DIR`, then `evaluate`/`export`/`quantize`/`publish --run DIR`: every
     output goes to DIR (results rows under DIR/results/<task>/, versions under DIR/model_repository/),
