@@ -65,7 +65,7 @@ def test_an_entry_names_a_known_engine(smoke_translation, tmp_path):
 @pytest.fixture(scope="module")
 def repository(converted, smoke_translation, tmp_path_factory):
     """The same model published twice: ``onnx`` (its graphs) and ``ct2`` (served by CTranslate2). An export
-    and two versions: the tests that read it are integration tests (make test's second lane)."""
+    and two versions: the tests that read it are marked slow (make test's second lane)."""
     tmp = tmp_path_factory.mktemp("repo")
     export_onnx(converted.model, tmp / "onnx")
     run = SimpleNamespace(task="translation_de_en", evaluate={"beam": 4})
@@ -79,7 +79,7 @@ def repository(converted, smoke_translation, tmp_path_factory):
     return tmp / "model_repository"
 
 
-@pytest.mark.integration
+@pytest.mark.slow
 def test_ctranslate2_answers_as_the_onnx_loop(repository, converted):
     client = LocalClient(repository, threads=1)
     texts = [it["src_text"] for it in converted.items]
@@ -122,7 +122,7 @@ def test_the_server_answers_a_kserve_client_with_ctranslate2(repository, convert
         stop(srv)
 
 
-@pytest.mark.integration
+@pytest.mark.slow
 def test_a_server_refuses_an_engine_folder_outside_the_version_or_changed(repository, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(repository / "ct2" / "1", bad)
@@ -139,7 +139,7 @@ def test_a_server_refuses_an_engine_folder_outside_the_version_or_changed(reposi
         check_version(bad)
 
 
-@pytest.mark.integration
+@pytest.mark.slow
 def test_the_int8_variant_is_served_by_ctranslate2_when_its_gate_passed(converted, repository, smoke_translation,
                                                                         tmp_path):
     """quantize@'s int8 conversion (int8 weights), scored on what the server answers, and publish's
