@@ -332,6 +332,37 @@ def test_luong_global_attention_is_a_distribution_over_the_source():
     assert torch.allclose(out["attention"].sum(-1), torch.ones(out["attention"].shape[:2]), atol=1e-5)
 
 
+def test_checkpoint_round_trip(arch, tmp_path):
+    """Every model saves as safetensors (no aliased tensors) and loads back to the same outputs."""
+    from pathlib import Path
+
+    from pipeline.checkpoint import load_model, save
+    from pipeline.config import RunConfig, TrainConfig
+
+    torch.manual_seed(0)
+    model = models.build(arch, TINY[arch]).eval()
+    run = RunConfig(name=arch, arch=arch, task="t", model=TINY[arch], train=TrainConfig(),
+                    data_dir=Path(tmp_path), run_dir=Path(tmp_path))
+    save(tmp_path / "best", model, run)
+    loaded, config = load_model(tmp_path / "best")
+    assert config["model"] == TINY[arch]
+    batch = tiny_batch(arch)
+    assert_close(loaded.loss(batch)[0], model.loss(batch)[0])
+
+
+@pytest.mark.parametrize("encoder", ["bidirectional", "reverse_source"])
+def test_backward_reading_encoders_ignore_padding(encoder):
+    """A backward LSTM reads each sentence within its own length: a sentence encodes the same
+    alone and padded inside a batch."""
+    torch.manual_seed(0)
+    model = models.build("luong", {**TINY["luong"], encoder: True}).eval()
+    batch = tiny_batch("luong")
+    alone = model.encode(batch["src"][2:, :2], batch["src_len"][2:])  # length 2, no padding
+    padded = model.encode(batch["src"], batch["src_len"])
+    assert_close(padded["memory"][2, :2], alone["memory"][0])
+    assert_close(padded["h"][2], alone["h"][0])
+
+
 def test_ntm_write_walk_starts_one_slot_per_step():
     """write_walk biases only the initial write head: untrained, it writes step t to slot t + 1
     (the initial weighting sits on slot 0), nearly one-hot; without it the head does not walk."""
