@@ -310,16 +310,19 @@ def _ceilings(kept: dict) -> str:
         for o in c["outside"]:
             worst[o["op"]] = max(worst.get(o["op"], 0.0), o["share"])
     ops = ", ".join(f"`{op}` up to {share:.0%}" for op, share in sorted(worst.items(), key=lambda kv: -kv[1])[:3])
-    pct = [kept["entries"][n]["fast_pct_of_peak"] for n in found]
-    free = [p / (1 - c["gemm_time_share"]) for p, c in zip(pct, found.values())]
+    pct = {n: kept["entries"][n]["fast_pct_of_peak"] for n in found}
     now, bound = [c["peak_gflops_now"] for c in found.values()], span([c["bound_pct"] for c in found.values()])
-    return (f" The {len(found)} entries with GEMM figures ({', '.join(found)}) train at {span(pct)} % of peak with "
-            f"their fast settings. Their products take {span([100 * c['gemm_time_share'] for c in found.values()])} "
-            f"% of a step: products that took no time at all would bring them to {span(free)} % (the % of peak ÷ "
-            f"(1 − that share)), and with products at the peak the bound is {bound} %. The rest is operators that "
-            f"do no counted FLOPs ({ops} of a step): 50 % needs that work cut, not "
-            f"faster products. (The 2048² bf16 product on one thread, timed again beside each entry's GEMM figures, "
-            f"ran at {span(now, '{:,.0f}')} GFLOP/s on this VM: the peak itself moves by that much.)")
+    below = [n for n, p in pct.items() if p < 50]
+    share = span([100 * c["gemm_time_share"] for c in found.values()])
+    alone = span([c["ceiling_pct"] for c in found.values()])
+    half = (f"{len(found) - len(below)} of them at 50 % or more; for the rest ({', '.join(below)}), 50 % needs that "
+            "work cut, not faster products" if below else "all of them at 50 % or more")
+    return (f" The {len(found)} entries with GEMM figures ({', '.join(found)}) train at {span(pct.values())} % of peak "
+            f"with their fast settings. Their products take {share} % of a step and run at {alone} % of the peak alone "
+            f"at their shapes; with them at the peak and everything else as profiled, the bound is {bound} %. The rest "
+            f"is operators that do no counted FLOPs ({ops} of a step): {half}. (The 2048² bf16 product on one thread, "
+            f"timed again beside each entry's GEMM figures, ran at {span(now, '{:,.0f}')} GFLOP/s on this machine: "
+            "the peak itself moves by that much.)")
 
 
 def _ceiling(entry: dict) -> str:
