@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from models import ExportSpec, register
-from models.layers import AdditiveAttention, reverse_padded, token_loss
+from models.layers import NEG_INF, AdditiveAttention, LoopGradients, reverse_padded, token_loss
 
 
 @dataclass
@@ -41,7 +41,7 @@ class BahdanauConfig:
     label_smoothing: float = 0.1
     attention: str = "additive"  # additive | none (RNNencdec ablation)
     max_len: int = 60  # decoding limit in target tokens
-    teacher_forced: str = "per_step"  # or "hoisted": how loss() runs the decoder (hoisted_loss, end of file)
+    teacher_forced: str = "per_step"  # or "hoisted", "deferred": how loss() runs the decoder (hoisted_loss)
 
 
 @register("bahdanau", BahdanauConfig)
@@ -214,14 +214,17 @@ class _DecoderStep(nn.Module):
 # ---- the teacher-forced loss with the step-independent work out of the time loop ----------------------------
 # Below the exported classes on purpose: the ONNX graphs record the source lines they were traced from.
 def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """``model.loss`` with ``teacher_forced: hoisted``: the same function and the same dropout masks, only
-    rounding differs (tests/test_registry.py). The time loop keeps what needs the previous state (the
+    """``model.loss`` with ``teacher_forced: hoisted`` or ``deferred``: the same function and the same dropout
+    masks, only rounding differs (tests/test_registry.py). The time loop keeps what needs the previous state (the
     attention and the GRU's recurrent product); the embedding's share of the GRU input, the deep-output
     layers and the dropout run over all steps at once (a few large matrix products instead of many small
     ones), and a step's context share of the GRU input is its alignment times the annotations projected
-    once (W Σ_j α_j h_j = Σ_j α_j W h_j)."""
-    if model.cfg.teacher_forced != "hoisted":
-        raise ValueError(f"teacher_forced must be 'per_step' or 'hoisted', got '{model.cfg.teacher_forced}'")
+    once (W Σ_j α_j h_j = Σ_j α_j W h_j). ``deferred`` also sums the gradients of what every step reuses (W_hh,
+    the attention's W and v, the projected annotations) once after the loop (models.layers.LoopGradients) and
+    projects only the rows of real target tokens onto the vocabulary (padding's take no part in the loss)."""
+    if model.cfg.teacher_forced not in ("hoisted", "deferred"):
+        raise ValueError("teacher_forced must be 'per_step', 'hoisted' or 'deferred', "
+                         f"got '{model.cfg.teacher_forced}'")
     memory, keys, state, mask = model.encode(batch["src"], batch["src_len"])
     tgt_in, cell, split = batch["tgt_in"], model.cell, model.cfg.emb_dim
     bsz, steps = tgt_in.shape
@@ -234,15 +237,18 @@ def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dic
     additive = model.cfg.attention == "additive"
     # [B,S,3D]: W h_j of every annotation; [B,3D]: the one fixed context's
     ctx_gi = linear(memory if additive else memory[:, 0], cell.weight_ih[:, split:])
+    step = _HeldStep(model, ctx_gi) if model.cfg.teacher_forced == "deferred" else None
     states, aligns = [], []
     for t in range(steps):
         if additive:
-            align = torch.softmax(model.attention.score(state, keys, mask), dim=-1)  # [B,S]
+            align = torch.softmax(step.scores(state, keys, mask) if step else model.attention.score(state, keys, mask),
+                                  dim=-1)  # [B,S]
             aligns.append(align)
-            gi = gi_steps[t] + torch.bmm(align.unsqueeze(1), ctx_gi).squeeze(1)  # [B,1,3D] -> [B,3D]
+            gi = gi_steps[t] + (step.context(align) if step else  # [B,1,3D] -> [B,3D]
+                                torch.bmm(align.unsqueeze(1), ctx_gi).squeeze(1))
         else:
             gi = gi_steps[t] + ctx_gi
-        state = _gru_cell(gi, state, cell)  # [B,D]
+        state = _gru_cell(gi, state, cell, step.recurrent if step else None)  # [B,D]
         states.append(state)
     # [B,T,S] x [B,S,C] -> [B,T,C], or the fixed context [B,1,C] broadcast over the steps
     context = torch.bmm(torch.stack(aligns, dim=1), memory) if additive else memory[:, :1]
@@ -251,8 +257,36 @@ def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dic
     t = t.view(bsz, steps, -1, 2).max(dim=-1).values  # [B,T,O,2] -> [B,T,O] maxout
     readouts = t if out_noise is None else t * out_noise.to(t.dtype)
     smoothing = model.cfg.label_smoothing if model.training else 0.0
-    loss, acc = token_loss(model.out_proj(readouts), batch["tgt_out"], model.cfg.pad_id, smoothing)
+    if step is None:
+        loss, acc = token_loss(model.out_proj(readouts), batch["tgt_out"], model.cfg.pad_id, smoothing)
+    else:
+        real = batch["tgt_out"] != model.cfg.pad_id  # [B,T]
+        logits = model.out_proj(readouts[real]).unsqueeze(0)  # [N,O] -> [1,N,V]
+        loss, acc = token_loss(logits, batch["tgt_out"][real].unsqueeze(0), model.cfg.pad_id, smoothing)
     return loss, {"token_acc": acc}
+
+
+class _HeldStep:
+    """The loop's reused tensors for ``deferred``: W_hh, the attention's W and v, the projected annotations."""
+
+    def __init__(self, model: Bahdanau, ctx_gi: Tensor):
+        loop = LoopGradients(ctx_gi.device.type)
+        self.cell, self.whh = model.cell, loop.weight(model.cell.weight_hh)  # [3D,D]
+        if model.cfg.attention == "additive":
+            self.ctx_gi, self.query = loop.memory(ctx_gi), loop.weight(model.attention.query.weight)  # [A,D]
+            self.v = loop.weight(model.attention.v.weight)  # [1,A]
+
+    def recurrent(self, h: Tensor) -> Tensor:
+        return self.whh.linear(h) + self.cell.bias_hh  # [B,D] -> [B,3D]
+
+    def scores(self, state: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
+        """AdditiveAttention.score: state [B,D], keys [B,S,A], mask [B,S] -> [B,S]."""
+        energy = torch.tanh(self.query.linear(state).unsqueeze(1) + keys)  # [B,1,A] + [B,S,A] -> [B,S,A]
+        scores = self.v.linear(energy.flatten(0, 1)).view(keys.shape[:2])  # [B*S,A] -> [B*S,1] -> [B,S]
+        return scores.masked_fill(mask <= 0, NEG_INF)
+
+    def context(self, align: Tensor) -> Tensor:
+        return self.ctx_gi.context(align)  # [B,S] -> [B,3D]
 
 
 def _dropout_noise(model: Bahdanau, bsz: int, steps: int, device: torch.device) -> tuple[Tensor | None, ...]:
@@ -271,11 +305,12 @@ def _dropout_noise(model: Bahdanau, bsz: int, steps: int, device: torch.device) 
     return torch.stack(emb, dim=1), torch.stack(out, dim=1)  # T x [B,F] -> [B,T,F]
 
 
-def _gru_cell(gi: Tensor, h: Tensor, cell: nn.GRUCell) -> Tensor:
+def _gru_cell(gi: Tensor, h: Tensor, cell: nn.GRUCell, recurrent=None) -> Tensor:
     """``cell`` on an input whose projection W_ih x + b_ih is ``gi`` [B,3D]; h [B,D] -> h' [B,D] (PyTorch's
-    GRUCell: gates r, z, n in that order, h' = (h - n) z + n)."""
+    GRUCell: gates r, z, n in that order, h' = (h - n) z + n). ``recurrent``: W_hh h + b_hh computed by it."""
     i_r, i_z, i_n = gi.chunk(3, dim=-1)  # [B,3D] -> 3 x [B,D]
-    h_r, h_z, h_n = nn.functional.linear(h, cell.weight_hh, cell.bias_hh).chunk(3, dim=-1)  # 3 x [B,D]
+    hh = recurrent(h) if recurrent else nn.functional.linear(h, cell.weight_hh, cell.bias_hh)  # [B,3D]
+    h_r, h_z, h_n = hh.chunk(3, dim=-1)  # 3 x [B,D]
     reset = torch.sigmoid(h_r + i_r)
     update = torch.sigmoid(h_z + i_z)
     new = torch.tanh(i_n + h_n * reset)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from models import EncoderGraph, ExportSpec, register
-from models.layers import LuongAttention, local_window, reverse_padded, token_loss
+from models.layers import NEG_INF, LoopGradients, LuongAttention, local_window, reverse_padded, token_loss
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LuongConfig:
     dropout: float = 0.2
     label_smoothing: float = 0.1
     max_len: int = 60  # decoding limit in target tokens
-    teacher_forced: str = "per_step"  # or "hoisted": loss() projects every step's h̃_t once, after its loop
+    teacher_forced: str = "per_step"  # or "hoisted" (one vocabulary projection after its loop), "deferred"
 
 
 @register("luong", LuongConfig)
@@ -68,8 +68,8 @@ class Luong(nn.Module):
         super().__init__()
         if cfg.attention not in ("global", "local_m", "local_p"):
             raise ValueError(f"attention must be global, local_m or local_p, got '{cfg.attention}'")
-        if cfg.teacher_forced not in ("per_step", "hoisted"):
-            raise ValueError(f"teacher_forced must be 'per_step' or 'hoisted', got '{cfg.teacher_forced}'")
+        if cfg.teacher_forced not in TEACHER_FORCED:
+            raise ValueError(f"teacher_forced must be one of {TEACHER_FORCED}, got '{cfg.teacher_forced}'")
         self.cfg = cfg
         d = cfg.hidden
         self.src_embed = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=cfg.pad_id)
@@ -156,16 +156,16 @@ class Luong(nn.Module):
     # ---- model contract --------------------------------------------------------------------
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Teacher-forced cross-entropy over target tokens (padding ignored)."""
-        enc = self.encode(batch["src"], batch["src_len"])
+        if self.cfg.teacher_forced == "deferred":
+            return deferred_loss(self, batch)
+        enc, hoisted, logits = self.encode(batch["src"], batch["src_len"]), self.cfg.teacher_forced == "hoisted", []
         h, c, feed, pos = enc["h"], enc["c"], enc["feed"], enc["pos"]
-        hoisted, logits = self.cfg.teacher_forced == "hoisted", []
         for t in range(batch["tgt_in"].shape[1]):  # hoisted: one vocabulary projection (and weight gradient)
             step_logits, _, h, c, feed, pos, _ = self.step(batch["tgt_in"][:, t], h, c, feed, pos, enc["memory"],
                                                            enc["keys"], enc["mask"], project=not hoisted)
             logits.append(step_logits)  # [B,V], hoisted [B,D]
         logits = torch.stack(logits, dim=1) if not hoisted else self.out_proj(torch.stack(logits, dim=1))  # [B,T,V]
-        smoothing = self.cfg.label_smoothing if self.training else 0.0
-        loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, smoothing)
+        loss, acc = token_loss(logits, batch["tgt_out"], self.cfg.pad_id, self.training * self.cfg.label_smoothing)
         return loss, {"token_acc": acc}
 
     @torch.no_grad()
@@ -236,3 +236,84 @@ class _DecoderStep(nn.Module):
         logits, align, h, c, feed, pos, _ = self.model.step(y_prev, h, c, feed, pos, memory, keys, mask)
         # Log-probabilities: what greedy and beam search both consume.
         return torch.log_softmax(logits, dim=-1), align, h, c, feed, pos
+
+
+TEACHER_FORCED = ("per_step", "hoisted", "deferred")  # how loss() runs the decoder over a teacher-forced target
+
+
+def deferred_loss(model: Luong, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """``model.loss`` with ``teacher_forced: deferred``: the same function and dropout masks as the per-step loss,
+    only rounding differs (tests/test_registry.py). The embedding's share of the first LSTM's gates runs over all
+    steps at once; the loop keeps one product a layer (its input feed and state against both weights side by
+    side), and the recurrent weights, W_c, the memory and the keys get their gradients summed once after the
+    loop (models.layers.LoopGradients) instead of step by step."""
+    cfg, tgt_in = model.cfg, batch["tgt_in"]
+    enc = model.encode(batch["src"], batch["src_len"])
+    bsz, steps = tgt_in.shape
+    loop = LoopGradients(tgt_in.device.type)
+    first, split = model.decoder[0], cfg.emb_dim
+    noise = _dropout_noise(model, bsz, steps)
+    emb = model.tgt_embed(tgt_in) if noise is None else model.tgt_embed(tgt_in) * noise[0]  # [B,T,E]
+    # [B,T,4D] -> T x [B,4D]: W_ih's embedding columns and both biases, every step at once
+    pre = nn.functional.linear(emb, first.weight_ih[:, :split], first.bias_ih + first.bias_hh).unbind(1)
+    weights = [loop.weight(torch.cat([first.weight_ih[:, split:], first.weight_hh], 1))]  # [4D,2D]: feed, h
+    weights += [loop.weight(torch.cat([c.weight_ih, c.weight_hh], 1)) for c in model.decoder[1:]]  # [4D,2D]
+    memory, combine = loop.memory(enc["memory"]), loop.weight(model.combine.weight)
+    dot = cfg.score != "concat"
+    keys = (memory if cfg.score == "dot" else loop.memory(enc["keys"])) if dot else enc["keys"]
+    mask, src_len = enc["mask"], enc["mask"].sum(-1)  # [B,S], [B]
+    h, c, feed = list(enc["h"].unbind(1)), list(enc["c"].unbind(1)), enc["feed"]  # L x [B,D]
+    outputs = []
+    for t in range(steps):
+        x = feed
+        for i, cell in enumerate(model.decoder):
+            gates = weights[i].linear(torch.cat([x, h[i]], -1))  # [B,2D] -> [B,4D]
+            gates = gates + pre[t] if i == 0 else gates + (cell.bias_ih + cell.bias_hh)
+            h[i], c[i] = _lstm(gates, c[i])
+            x = h[i] if noise is None else h[i] * noise[1][t][i]
+        top = h[-1]  # h_t [B,D]
+        if dot:
+            scores = (keys.scores(top) * model.attention.scale).masked_fill(mask <= 0, NEG_INF)  # [B,S]
+        else:
+            scores = model.attention.score(top, keys, mask)
+        if cfg.attention == "global":
+            align = torch.softmax(scores, dim=-1)
+        else:
+            center = (torch.minimum(torch.full_like(src_len, t), src_len - 1) if cfg.attention == "local_m"
+                      else src_len * torch.sigmoid(model.position(top)).squeeze(-1))  # [B,1] -> [B]
+            align = local_window(scores, center, cfg.window)
+        feed = torch.tanh(combine.linear(torch.cat([memory.context(align), top], dim=-1)))  # h̃_t [B,D]
+        outputs.append(feed if noise is None else feed * noise[2][t])
+    # Only the rows of real target tokens are projected: padding's take no part in the loss.
+    real = batch["tgt_out"] != cfg.pad_id  # [B,T]
+    logits = model.out_proj(torch.stack(outputs, dim=1)[real])  # T x [B,D] -> [B,T,D] -> [N,D] -> [N,V]
+    smoothing = cfg.label_smoothing if model.training else 0.0
+    loss, acc = token_loss(logits.unsqueeze(0), batch["tgt_out"][real].unsqueeze(0), cfg.pad_id, smoothing)
+    return loss, {"token_acc": acc}
+
+
+def _lstm(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """PyTorch's LSTMCell after its two products: gates [B,4D] (i, f, g, o), c [B,D] -> h', c' [B,D]."""
+    i, f, g, o = gates.chunk(4, dim=-1)  # [B,4D] -> 4 x [B,D]
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _dropout_noise(model: Luong, bsz: int, steps: int) -> tuple | None:
+    """The dropout masks the per-step loss draws, in its order and dtypes (at each step the embedding's, each
+    layer output's, h̃_t's), scaled by 1 / (1 - p): (embedding [B,T,E], T x L x [B,D], T x [B,D]), or None."""
+    p, device = model.drop.p, model.out_proj.weight.device
+    if not model.training or p == 0:
+        return None
+    autocast = torch.is_autocast_enabled(device.type)
+    out_dtype = torch.get_autocast_dtype(device.type) if autocast else torch.float32
+
+    def draw(width: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.empty(bsz, width, device=device, dtype=dtype).bernoulli_(1 - p).div_(1 - p)
+
+    emb, layers, out = [], [], []
+    for _ in range(steps):
+        emb.append(draw(model.cfg.emb_dim))
+        layers.append([draw(model.cfg.hidden) for _ in model.decoder])
+        out.append(draw(model.cfg.hidden, out_dtype))
+    return torch.stack(emb, dim=1), layers, out  # T x [B,E] -> [B,T,E]

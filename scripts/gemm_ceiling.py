@@ -7,7 +7,7 @@ Each distinct product is then timed alone: fresh inputs of the same shapes, stri
 fastest of repeated blocks. Per entry, written as its ``ceiling`` in ``docs/train_efficiency.json``:
 
 - ``gemm_gflop``: the products' FLOPs a step (2·M·N·K each), and ``flop_share``, their share of the
-  step's counted FLOPs (``gflop_per_step``);
+  fast step's counted FLOPs (``fast_gflop_per_step``, else ``gflop_per_step``);
 - ``gemm_gflops_alone``: those FLOPs over the products' time alone, the rate the step's GEMMs reach at
   their own shapes: what the step would reach if everything else took no time. ``ceiling_pct`` is that
   rate as a share of ``peak_gflops``, the table's peak (``docs/peak.json``, 1 thread, the precision the
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     te.make_work(args.work, args.entries)
     for name in args.entries:
         entry = kept["entries"][name]
-        entry["ceiling"] = c = entry_ceiling(args.work, name, args.steps, kept["peak"], entry.get("gflop_per_step"))
+        flops = entry.get("fast_gflop_per_step", entry.get("gflop_per_step"))  # what the profiled fast steps do
+        entry["ceiling"] = c = entry_ceiling(args.work, name, args.steps, kept["peak"], flops)
         print(f"{name}: GEMMs {c['gemm_gflop']} GFLOP a step at {c['gemm_gflops_alone']} GFLOP/s alone "
               f"({c['ceiling_pct']}% of the {c['precision']} peak), {c['gemm_gflops_in_step']} in the step, "
               f"{c['gemm_time_share']:.0%} of its time; bound {c['bound_pct']}%; outside: "

@@ -195,3 +195,39 @@ def test_token_accuracy_counts_the_first_of_tied_maxima_as_argmax_does():
         real = target != 0
         expected = ((logits.argmax(-1) == target) & real).sum() / real.sum()
         assert token_loss(logits, target, 0, 0.0)[1] == expected
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_loop_gradients_sum_once_what_autograd_sums_step_by_step(autocast):
+    """A recurrent loop whose weight and memory are used at every step (and the memory once outside the held
+    products): LoopGradients' gradients are autograd's own, float32 rounding aside, and within bf16 rounding
+    under autocast (there its sums are the more exact: one rounding instead of one per step)."""
+    from models.layers import LoopGradients
+
+    torch.manual_seed(0)
+    weight = torch.randn(6, 4, requires_grad=True)  # [N=6, K=4]
+    memory = torch.randn(3, 5, 4, requires_grad=True)  # [B,S,D]
+    h0 = torch.randn(3, 4, requires_grad=True)
+
+    def run(held: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loop = LoopGradients("cpu")
+            w, m = (loop.weight(weight), loop.memory(memory)) if held else (None, None)
+            h, total = h0, memory.sum() * 0.5  # a use outside the held products
+            for _ in range(7):
+                z = w.linear(h) if held else h @ weight.t()  # [B,6]
+                h = torch.tanh(z[:, :4] + z[:, 4:].sum(-1, keepdim=True))  # [B,4]
+                scores = m.scores(h) if held else torch.bmm(memory, h.unsqueeze(-1)).squeeze(-1)  # [B,S]
+                align = torch.softmax(scores.float(), -1)
+                h = m.context(align) if held else torch.bmm(align.unsqueeze(1), memory).squeeze(1)  # [B,D]
+                total = total + (h.float() ** 2).sum()
+        return total, torch.autograd.grad(total, [weight, memory, h0])
+
+    want_total, want = run(False)
+    got_total, got = run(True)
+    assert float(want_total.detach()) > 1.0
+    tol = {"rtol": 4e-2, "atol": 4e-2} if autocast else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got_total, want_total, **tol)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32 and g.abs().sum() > 0
+        torch.testing.assert_close(g, w, **tol)

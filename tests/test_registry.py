@@ -198,11 +198,12 @@ def test_config_dataclasses_are_typed():
             assert f.type is not None
 
 
-@pytest.mark.parametrize("teacher_forced", ["per_step", "hoisted"])
+@pytest.mark.parametrize("teacher_forced", ["per_step", "hoisted", "deferred"])
 @pytest.mark.parametrize("attention", ["additive", "none"])
 def test_bahdanau_trains_on_the_step_it_exports(attention, teacher_forced):
     """``loss`` projects onto the vocabulary once after the loop (and, hoisted, runs every product that does
-    not need the previous state over all steps at once); it must still be the loss of the exported
+    not need the previous state over all steps at once; deferred, also sums the gradients of what every step
+    reuses once after it, and projects only real target tokens); it must still be the loss of the exported
     ``step`` run step by step, dropout included: the same seed draws the same masks."""
     from models.layers import token_loss
     torch.manual_seed(0)
@@ -279,25 +280,30 @@ def test_an_rnn_exported_after_an_earlier_trace_keeps_its_dynamic_length(rnn, tm
     assert_close(torch.from_numpy(got), model(x).detach(), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["global", "local_p"])
-def test_luong_hoisted_projection_is_the_per_step_loss(attention):
-    """``teacher_forced: hoisted`` projects the dropped h̃_t of every step onto the vocabulary after the loop:
-    the same loss and gradients as the step the model exports, run step by step, dropout masks included."""
+@pytest.mark.parametrize("score,attention,layers", [
+    ("general", "global", 2), ("general", "local_p", 2), ("dot", "global", 1), ("concat", "local_m", 1)])
+def test_luong_hoisted_and_deferred_losses_are_the_per_step_loss(score, attention, layers):
+    """``teacher_forced: hoisted`` projects the dropped h̃_t of every step onto the vocabulary after the loop;
+    ``deferred`` also runs the embedding's share of the first LSTM's gates once and sums the loop's weight and
+    memory gradients after it (LoopGradients): the same loss and gradients as the step the model exports, run
+    step by step, dropout masks included."""
     losses, grads = {}, {}
-    for mode in ("per_step", "hoisted"):
+    for mode in ("per_step", "hoisted", "deferred"):
         torch.manual_seed(0)
-        model = models.build("luong", {**TINY["luong"], "attention": attention, "layers": 2, "dropout": 0.3,
-                                       "teacher_forced": mode}).train()
+        model = models.build("luong", {**TINY["luong"], "score": score, "attention": attention, "layers": layers,
+                                       "dropout": 0.3, "teacher_forced": mode}).train()
         torch.manual_seed(7)
         losses[mode], _ = model.loss(tiny_batch("luong"))
         grads[mode] = torch.autograd.grad(losses[mode], list(model.parameters()), allow_unused=True)
     assert losses["per_step"].item() > 1.0  # untrained: far from zero, so the comparison means something
-    assert_close(losses["hoisted"], losses["per_step"], rtol=1e-6, atol=1e-6)
-    for got, want in zip(grads["hoisted"], grads["per_step"]):
-        assert (got is None) == (want is None)
-        if got is not None:
-            assert_close(got, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="teacher_forced must be 'per_step' or 'hoisted', got 'sideways'"):
+    for mode in ("hoisted", "deferred"):
+        assert_close(losses[mode], losses["per_step"], rtol=1e-6, atol=1e-6)
+        for got, want in zip(grads[mode], grads["per_step"]):
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"teacher_forced must be one of \('per_step', 'hoisted', 'deferred'\), "
+                                         "got 'sideways'"):
         models.build("luong", {**TINY["luong"], "teacher_forced": "sideways"})
 
 
