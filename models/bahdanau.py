@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from models import ExportSpec, register
-from models.layers import NEG_INF, AdditiveAttention, LoopGradients, reverse_padded, token_loss
+from models.layers import NEG_INF, AdditiveAttention, LoopGradients, real_rows_loss, reverse_padded, token_loss
 
 
 @dataclass
@@ -260,9 +260,7 @@ def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dic
     if step is None:
         loss, acc = token_loss(model.out_proj(readouts), batch["tgt_out"], model.cfg.pad_id, smoothing)
     else:
-        real = batch["tgt_out"] != model.cfg.pad_id  # [B,T]
-        logits = model.out_proj(readouts[real]).unsqueeze(0)  # [N,O] -> [1,N,V]
-        loss, acc = token_loss(logits, batch["tgt_out"][real].unsqueeze(0), model.cfg.pad_id, smoothing)
+        loss, acc = real_rows_loss(model.out_proj, readouts, batch["tgt_out"], model.cfg.pad_id, smoothing)
     return loss, {"token_acc": acc}
 
 

@@ -463,6 +463,15 @@ def chunked_token_loss(logits: Tensor, target: Tensor, pad_id: int, label_smooth
     return _ChunkedTokenLoss.apply(logits, target, pad_id, label_smoothing, rows)
 
 
+
+def real_rows_loss(project, hidden: Tensor, target: Tensor, pad_id: int,
+                   label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """token_loss with only the real target tokens' rows projected: hidden [B,T,D] -> its N real rows [N,D] ->
+    ``project`` -> [1,N,V] against target's N real tokens [1,N]. Padding's rows take no part in the loss, so
+    leaving them out changes nothing but the products' rounding."""
+    real = target != pad_id  # [B,T]
+    return token_loss(project(hidden[real]).unsqueeze(0), target[real].unsqueeze(0), pad_id, label_smoothing)
+
 # ---- gradients of what a time loop reuses, summed once after its backward ----------------------------
 
 class LoopGradients:
@@ -500,9 +509,11 @@ class _Held:
         """x [B,K] -> x Wᵀ [B,N]."""
         return _HeldProduct.apply(x, self.tensor, self, "linear")
 
-    def scores(self, query: Tensor) -> Tensor:
-        """query [B,D] -> [B,S]: each memory row's dot product with the query."""
-        return _HeldProduct.apply(query, self.tensor, self, "scores")
+    def scores(self, query: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
+        """query [B,D] -> [B,S]: each memory row's dot product with the query, times ``scale``; with a mask [B,S]
+        (1 = real) NEG_INF where it is 0, as dot_scores."""
+        scores = _HeldProduct.apply(query, self.tensor, self, "scores") * scale
+        return scores if mask is None else scores.masked_fill(mask <= 0, NEG_INF)
 
     def context(self, weights: Tensor) -> Tensor:
         """weights [B,S] -> [B,D]: the weighted sum of the memory rows."""

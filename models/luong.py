@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from models import EncoderGraph, ExportSpec, register
-from models.layers import NEG_INF, LoopGradients, LuongAttention, local_window, reverse_padded, token_loss
+from models.layers import LoopGradients, LuongAttention, local_window, real_rows_loss, reverse_padded, token_loss
 
 
 @dataclass
@@ -273,7 +273,7 @@ def deferred_loss(model: Luong, batch: dict[str, Tensor]) -> tuple[Tensor, dict[
             x = h[i] if noise is None else h[i] * noise[1][t][i]
         top = h[-1]  # h_t [B,D]
         if dot:
-            scores = (keys.scores(top) * model.attention.scale).masked_fill(mask <= 0, NEG_INF)  # [B,S]
+            scores = keys.scores(top, mask, model.attention.scale)  # [B,S]
         else:
             scores = model.attention.score(top, keys, mask)
         if cfg.attention == "global":
@@ -284,11 +284,9 @@ def deferred_loss(model: Luong, batch: dict[str, Tensor]) -> tuple[Tensor, dict[
             align = local_window(scores, center, cfg.window)
         feed = torch.tanh(combine.linear(torch.cat([memory.context(align), top], dim=-1)))  # h̃_t [B,D]
         outputs.append(feed if noise is None else feed * noise[2][t])
-    # Only the rows of real target tokens are projected: padding's take no part in the loss.
-    real = batch["tgt_out"] != cfg.pad_id  # [B,T]
-    logits = model.out_proj(torch.stack(outputs, dim=1)[real])  # T x [B,D] -> [B,T,D] -> [N,D] -> [N,V]
     smoothing = cfg.label_smoothing if model.training else 0.0
-    loss, acc = token_loss(logits.unsqueeze(0), batch["tgt_out"][real].unsqueeze(0), cfg.pad_id, smoothing)
+    loss, acc = real_rows_loss(model.out_proj, torch.stack(outputs, dim=1), batch["tgt_out"], cfg.pad_id,
+                               smoothing)  # T x [B,D] -> [B,T,D]
     return loss, {"token_acc": acc}
 
 
