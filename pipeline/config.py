@@ -74,11 +74,18 @@ class TrainConfig:
     # accuracy) a cache-sized block of rows at a time in CPU training steps, where PyTorch's kernel makes several
     # float32 passes over the [tokens, vocabulary] logits (a sixth of a translation step); "" keeps PyTorch's.
     cpu_loss: str = ""
+    # cpu_heap: "keep" has glibc's allocator keep freed memory for the next step instead of returning every block
+    # over its mmap threshold (at most 32 MB) to the kernel: a step that allocates a [tokens, vocabulary] tensor then
+    # pays a page fault for every 4 kB of it, every step (34 MB: 15 ms on a Zen 4 core). Process-wide, CPU only.
+    cpu_heap: str = ""
+    # memory_format: "channels_last" lays the convolution weights, and so the images they produce, out channel-minor,
+    # where the CPU's pooling, batch norm and convolution kernels are vectorised (pipeline/training/memory.py).
+    memory_format: str = ""
 
 
 # Left out of a run's recorded config (as_dict) while at their defaults, so that a run without them
 # records, and checkpoints, exactly what it did before they existed.
-OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa", "cpu_loss")
+OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa", "cpu_loss", "cpu_heap", "memory_format")
 
 
 @dataclass

@@ -27,10 +27,12 @@ def test_opt_in_settings_are_recorded_only_when_on(ntm_copy_root):
     saved = json.loads((root / "plain" / "checkpoint" / "best" / "config.json").read_text())
     assert not set(OPT_IN_KEYS) & set(saved["train"])  # the config.json a run wrote before these existed
     on = resolve("ntm", root=root, overrides={"fused_adamw": True, "patience": 3, "compile": "step",
-                                              "cpu_sdpa": "math", "cpu_loss": "chunked"})
+                                              "cpu_sdpa": "math", "cpu_loss": "chunked", "cpu_heap": "keep",
+                                              "memory_format": "channels_last"})
     assert {k: as_dict(on)["train"][k] for k in OPT_IN_KEYS} == {"compile": "step", "fused_adamw": True,
                                                                  "patience": 3, "cpu_sdpa": "math",
-                                                                 "cpu_loss": "chunked"}
+                                                                 "cpu_loss": "chunked", "cpu_heap": "keep",
+                                                                 "memory_format": "channels_last"}
 
 
 def test_patience_stops_after_validations_without_a_lower_loss_and_a_resume_stays_stopped(ntm_copy_root):
@@ -152,6 +154,73 @@ def test_the_chunked_token_loss_is_pytorchs_cross_entropy_in_row_blocks(autocast
     assert "_ChunkedTokenLossBackward" not in _backward_nodes(again)
     with pytest.raises(UserError, match="train.cpu_loss is 'fused'; use '' .* or 'chunked'"):
         step_kernels(TrainConfig(cpu_loss="fused"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arch", ["show_attend_tell", "attention_ocr"])
+def test_channels_last_lays_out_the_convolutions_and_computes_the_same_loss_and_gradients(arch):
+    """train.memory_format: channels_last: the convolution weights and the feature maps are channel-minor, the
+    Parameters the optimizer holds are the same objects, and loss and gradients are the default layout's."""
+    import models
+    from pipeline.training.memory import lay_out
+    from tests.conftest import TINY, tiny_batch
+
+    batch, results = tiny_batch(arch, seed=5, batch=4), []
+    for setting in ("", "channels_last"):
+        torch.manual_seed(0)
+        model = models.build(arch, TINY[arch]).train()
+        before = list(model.parameters())
+        lay_out(model, setting)
+        assert [id(p) for p in model.parameters()] == [id(p) for p in before]
+        convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) == bool(setting)
+                             for c in convs if c.weight.shape[1] > 1)
+        maps = []
+        hook = convs[-1].register_forward_hook(lambda _m, _i, out, seen=maps: seen.append(out))
+        torch.manual_seed(1)  # the same dropout masks and samples
+        loss, _ = model.loss(batch)
+        loss.backward()
+        hook.remove()
+        assert maps[0].is_contiguous(memory_format=torch.channels_last) == bool(setting)
+        results.append((loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert set(got_grads) == set(want_grads)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(UserError, match="train.memory_format is 'nhwc'; use '' .* or 'channels_last'"):
+        lay_out(model, "nhwc")
+
+
+def test_cpu_heap_keep_reuses_freed_memory_instead_of_faulting_it_in_again():
+    """train.cpu_heap: keep, in a process of its own (it is process-wide): a 40 MB tensor allocated, touched and
+    freed again and again faults its pages in anew every time under glibc's defaults (a fresh mapping each time)
+    and, once the heap holds a block that fits (the first two, here), never again."""
+    import subprocess
+    import sys
+
+    probe = """
+import resource, sys, torch
+from pipeline.training.memory import keep_freed_memory
+took = keep_freed_memory(sys.argv[1], "cpu")
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(10 * 2**20, dtype=torch.float32).fill_(1.0)  # 40 MB: allocated, touched, freed
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(took, *[faults() for _ in range(8)])
+"""
+    seen = {}
+    for setting in ("", "keep"):
+        out = subprocess.run([sys.executable, "-c", probe, setting], capture_output=True, text=True, check=True)
+        took, *faults = out.stdout.split()
+        seen[setting] = (took == "True", [int(f) for f in faults])
+    default, keep = seen[""], seen["keep"]
+    assert default[0] is False and min(default[1]) > 10_000  # all 10,240 pages of 4 kB, every time
+    assert keep[0] is True and max(keep[1][:2]) > 10_000 and keep[1][2:] == [0] * 6
+    from pipeline.training.memory import keep_freed_memory
+
+    assert keep_freed_memory("keep", "cuda") is False  # CPU runs only
+    with pytest.raises(UserError, match="train.cpu_heap is 'big'; use '' .* or 'keep'"):
+        keep_freed_memory("big", "cpu")
 
 
 def test_compile_names_a_method_of_the_model(ntm_copy_root):

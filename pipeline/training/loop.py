@@ -24,6 +24,7 @@ from pipeline import checkpoint, tracking
 from pipeline.config import RunConfig, UserError, as_dict
 from pipeline.tasks import Task, get_task
 from pipeline.training.batches import bucket_batches, epoch_batches, make_loader, shard
+from pipeline.training.memory import keep_freed_memory, lay_out
 from pipeline.training.precision import keep_rnns_fp32, make_accelerator
 from pipeline.training.resume import AGREE_EVERY, agree, checkpoint_seconds, config_hash, gather_rng, set_rng_state
 from pipeline.training.validation import average_into_best, snapshot_due, validate, write_curves
@@ -177,11 +178,13 @@ class _Trainer:
             accelerator.print(f"{run.name}: this CPU cannot run {', '.join(self.fp32_rnns)} under bf16 autocast (no "
                               "native bf16); they run in fp32, the rest of the model in bf16 (train_summary.json: "
                               "fp32_rnns)")
+        lay_out(model, cfg.memory_format)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                       **({"fused": True} if cfg.fused_adamw else {}))
         if cfg.compile:
             compile_method(model, cfg.compile, run.name)
         self.kernels = step_kernels(cfg, accelerator.device)
+        keep_freed_memory(cfg.cpu_heap, accelerator.device.type)
         # Not passed to accelerator.prepare: a prepared scheduler steps once per *process* on each
         # optimizer step (N times too fast on N processes). Stepped here once per global step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, data.total))
