@@ -88,6 +88,14 @@ class TrainConfig:
 OPT_IN_KEYS = ("compile", "fused_adamw", "patience", "cpu_sdpa", "cpu_loss", "cpu_heap", "memory_format")
 
 
+def switched_on(key: str, value: str, default: str, on: str) -> bool:
+    """A speed setting that is '' (``default`` says what that keeps) or ``on``: whether it is on; any other value
+    is a UserError naming both."""
+    if value not in ("", on):
+        raise UserError(f"train.{key} is '{value}'; use '' ({default}) or '{on}'")
+    return value == on
+
+
 @dataclass
 class RunConfig:
     """Everything one model entry needs, resolved."""

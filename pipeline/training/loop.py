@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 import models
 from models.layers import ChunkedLoss
 from pipeline import checkpoint, tracking
-from pipeline.config import RunConfig, UserError, as_dict
+from pipeline.config import RunConfig, UserError, as_dict, switched_on
 from pipeline.tasks import Task, get_task
 from pipeline.training.batches import bucket_batches, epoch_batches, make_loader, shard
 from pipeline.training.memory import keep_freed_memory, lay_out
@@ -45,21 +45,15 @@ def compile_method(model: nn.Module, name: str, entry: str) -> None:
     setattr(model, name, torch.compile(method))
 
 
-CPU_SDPA = ("", "math")
-CPU_LOSS = ("", "chunked")
-
-
 def step_kernels(cfg, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     """A context for each training step's forward: on a CPU, the SDPA backends ``train.cpu_sdpa`` allows and
     the token loss ``train.cpu_loss`` names."""
-    if cfg.cpu_sdpa not in CPU_SDPA:
-        raise UserError(f"train.cpu_sdpa is '{cfg.cpu_sdpa}'; use '' (PyTorch's choice) or 'math'")
-    if cfg.cpu_loss not in CPU_LOSS:
-        raise UserError(f"train.cpu_loss is '{cfg.cpu_loss}'; use '' (PyTorch's cross-entropy) or 'chunked'")
+    explicit = switched_on("cpu_sdpa", cfg.cpu_sdpa, "PyTorch's choice", "math")
+    chunked = switched_on("cpu_loss", cfg.cpu_loss, "PyTorch's cross-entropy", "chunked")
     wanted = []
-    if device.type == "cpu" and cfg.cpu_sdpa == "math":
+    if device.type == "cpu" and explicit:
         wanted.append(lambda: sdpa_kernel(SDPBackend.MATH))
-    if device.type == "cpu" and cfg.cpu_loss == "chunked":
+    if device.type == "cpu" and chunked:
         wanted.append(ChunkedLoss)
 
     def entered() -> contextlib.ExitStack:

@@ -8,8 +8,8 @@ CPU (a [64,16,84,84] bf16 2 x 2 max pool: 40 ms against 4.4 ms on a Zen 4 core).
 ``cpu_heap: keep``: glibc serves a block over its mmap threshold (128 kB, raised as such blocks are freed, to
 at most 32 MB) from a fresh mapping and unmaps it when freed. A step that allocates the same large tensors every
 step then has the kernel zero and map every 4 kB page of them anew, every step (a 34 MB tensor: 15 ms on a Zen 4
-core). With the threshold above any tensor and trimming off, freed blocks
-stay in the process's heap and the next step reuses them. The process keeps its peak memory until it ends.
+core). With the threshold above any tensor and trimming off, freed blocks stay in the process's heap and later
+steps reuse them. The process keeps its peak memory until it ends.
 """
 
 from __future__ import annotations
@@ -20,19 +20,16 @@ import sys
 import torch
 from torch import nn
 
-from pipeline.config import UserError
+from pipeline.config import switched_on
 
-CPU_HEAP = ("", "keep")
-MEMORY_FORMAT = ("", "channels_last")
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _KEEP = 2**31 - 1  # bytes, mallopt's largest (an int): only a block over 2 GB is still unmapped
 
 
 def keep_freed_memory(setting: str, device_type: str) -> bool:
     """Apply ``train.cpu_heap`` to this process; True where glibc took it (a CPU run on glibc Linux)."""
-    if setting not in CPU_HEAP:
-        raise UserError(f"train.cpu_heap is '{setting}'; use '' (the allocator's defaults) or 'keep'")
-    if setting != "keep" or device_type != "cpu" or not sys.platform.startswith("linux"):
+    keep = switched_on("cpu_heap", setting, "the allocator's defaults", "keep")
+    if not keep or device_type != "cpu" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -45,7 +42,5 @@ def keep_freed_memory(setting: str, device_type: str) -> bool:
 
 def lay_out(model: nn.Module, setting: str) -> None:
     """Apply ``train.memory_format`` to ``model``'s 4-D parameters, in place (the same Parameter objects)."""
-    if setting not in MEMORY_FORMAT:
-        raise UserError(f"train.memory_format is '{setting}'; use '' (PyTorch's default) or 'channels_last'")
-    if setting == "channels_last":
+    if switched_on("memory_format", setting, "PyTorch's default", "channels_last"):
         model.to(memory_format=torch.channels_last)
