@@ -203,7 +203,8 @@ def test_channels_last_lays_out_the_convolutions_and_rounds_less_than_bf16(arch)
 def test_cpu_heap_keep_reuses_freed_memory_instead_of_faulting_it_in_again():
     """train.cpu_heap: keep, in a process of its own (it is process-wide): a 40 MB tensor allocated, touched and
     freed again and again faults its pages in anew every time under glibc's defaults (a fresh mapping each time)
-    and, once the heap holds a block that fits (the first two, here), never again."""
+    and, once the heap holds a block that fits, hardly ever: only while Python's own small allocations still split
+    the freed block (on one machine the first two of 16, on another the first three)."""
     import subprocess
     import sys
 
@@ -215,7 +216,7 @@ def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(10 * 2**20, dtype=torch.float32).fill_(1.0)  # 40 MB: allocated, touched, freed
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(took, *[faults() for _ in range(8)])
+print(took, *[faults() for _ in range(16)])
 """
     seen = {}
     for setting in ("", "keep"):
@@ -224,7 +225,8 @@ print(took, *[faults() for _ in range(8)])
         seen[setting] = (took == "True", [int(f) for f in faults])
     default, keep = seen[""], seen["keep"]
     assert default[0] is False and min(default[1]) > 10_000  # all 10,240 pages of 4 kB, every time
-    assert keep[0] is True and max(keep[1][:2]) > 10_000 and keep[1][2:] == [0] * 6
+    assert keep[0] is True and keep[1][0] > 10_000  # the first one grows the heap
+    assert sum(f > 1_000 for f in keep[1]) <= 4 and keep[1][-8:] == [0] * 8, keep[1]
     from pipeline.training.memory import keep_freed_memory
 
     assert keep_freed_memory("keep", "cuda") is False  # CPU runs only
