@@ -447,13 +447,16 @@ class _ChunkedTokenLoss(torch.autograd.Function):
 
 def _first_maximum_hits(x: Tensor, target: Tensor, real: Tensor) -> Tensor:
     """How many real rows of x [n,V] have their first maximum at target [n] (argmax's index, without
-    its cost: a row whose target is a maximum counts unless another maximum comes before it)."""
-    top = x.amax(-1)  # [n]
-    hit = (x.gather(1, target[:, None]).squeeze(1) == top) & real  # [n]
-    tied = hit & ((x == top[:, None]).sum(-1) > 1)  # [n]: the target and another index share the maximum
+    its cost: a row whose target is a maximum counts unless another maximum comes before it). x is scratch:
+    the target's entries are set to -inf to find a tie by a second ``amax`` (comparing every entry with the
+    maximum and counting took 17x as long as ``amax``)."""
+    t = target[:, None]  # [n,1]
+    top, at = x.amax(-1), x.gather(1, t).squeeze(1)  # [n], [n]
+    hit = (at == top) & real  # [n]
+    tied = hit & (x.scatter_(1, t, float("-inf")).amax(-1) == top)  # [n]: another index shares the maximum
     if bool(tied.any()):
         rows = tied.nonzero().squeeze(1)  # [k]
-        hit[rows] = (x[rows] == top[rows, None]).to(torch.uint8).argmax(-1) == target[rows]
+        hit[rows] = (x[rows] == top[rows, None]).to(torch.uint8).argmax(-1) > target[rows]  # the first other one
     return hit.sum()
 
 

@@ -156,6 +156,22 @@ def test_the_chunked_token_loss_is_pytorchs_cross_entropy_in_row_blocks(autocast
         step_kernels(TrainConfig(cpu_loss="fused"), torch.device("cpu"))
 
 
+def test_the_chunked_accuracy_counts_argmax_hits_when_maxima_tie():
+    """The chunked loss's accuracy is argmax's: where the target shares the maximum with another index, the row
+    counts only when the target comes first (integer logits in a small range: most rows tie)."""
+    from models.layers import _first_maximum_hits
+
+    torch.manual_seed(3)
+    x = torch.randint(0, 4, (600, 9)).float()  # [n,V]
+    target, real = torch.randint(0, 9, (600,)), torch.rand(600) > 0.1
+    want = ((x.argmax(-1) == target) & real).sum()
+    top = x.amax(-1, keepdim=True)
+    ties = ((x == top).sum(-1) > 1) & (x.gather(1, target[:, None]).squeeze(1) == top.squeeze(1))  # [n]
+    first = ties & (x.argmax(-1) == target)  # [n]: tied, the target first
+    assert int(first.sum()) == 49 and int(ties.sum()) == 152 and int(want) == 61  # both kinds of tie, many
+    assert _first_maximum_hits(x.clone(), target, real) == want
+
+
 @pytest.mark.parametrize("arch", ["show_attend_tell", "attention_ocr"])
 def test_channels_last_lays_out_the_convolutions_and_rounds_less_than_bf16(arch):
     """train.memory_format: channels_last: the convolution weights and the feature maps are channel-minor, the
