@@ -24,6 +24,9 @@ rendering into docs/benchmarks.md is ``--table``.
     python scripts/bench_peak.py --out docs/peak.json
     python scripts/train_efficiency.py --out docs/train_efficiency.json          # every entry, ~40 min on 2 cores
     python scripts/train_efficiency.py --entries transformer ntm --repeats 1    # a few
+    # a shorter budget (max_steps in profiles/fast.yaml): its own run, trained and evaluated with the profile in a
+    # scratch checkout SCRATCH (`python -m pipeline.stages.train NAME`, then `... evaluate NAME`), recorded
+    python scripts/train_efficiency.py --budget-run SCRATCH --entries ntm_recall
 """
 
 from __future__ import annotations
@@ -286,13 +289,30 @@ def last_quarter_fall(name: str) -> float:
 
 
 def _budgets(kept: dict) -> str:
-    """One sentence on the budgets: the entries whose validation still fell late keep their steps."""
-    falls = {name: last_quarter_fall(name) for name in kept["entries"]}
+    """One sentence on the budgets: the entries the fast profile stops sooner (a shorter budget or patience), and
+    of the rest, those whose validation still fell late (they keep their steps) and those flat."""
+    entries = kept["entries"]
+    shorter = {n: e for n, e in entries.items() if e["steps"] < e["baseline_steps"]}
+    falls = {n: last_quarter_fall(n) for n in entries if n not in shorter}
     flat = [f"{n} ({v:.1%})" for n, v in falls.items() if v < FLAT]
     climbing = [v for v in falls.values() if v >= FLAT]
-    return (f" Budgets: {len(climbing)} entries' validation loss still fell by {min(climbing):.1%}–{max(climbing):.0%}"
+    cut = "; ".join(f"{n} ({e['baseline_steps']:,} → {e['steps']:,}{_budget_evidence(e)})" for n, e in shorter.items())
+    many = f"{len(shorter)} entries train" if len(shorter) != 1 else "1 entry trains"
+    return (f" Budgets: {many} fewer steps with the fast profile: {cut or 'none'}. Of the "
+            f"rest, {len(climbing)} entries' validation loss still fell by {min(climbing):.1%}–{max(climbing):.0%}"
             f" over their last quarter of steps, so they keep their steps (a longer budget could buy quality); flat "
             f"(under {FLAT:.0%}): {', '.join(flat) or 'none'}.")
+
+
+def _budget_evidence(entry: dict) -> str:
+    """What a shorter budget's own run measured (``--budget-run``), against the committed run at equal wall time."""
+    check = entry.get("budget_check")
+    if not check:
+        return ""
+    then = check["committed_at_equal_time"]
+    bars = ", ".join(f"{c['metric']} {c['measured']:g} (bar {c['op']} {c['value']:g})" for c in check["bar"])
+    return (f": best validation loss {check['best_val_loss']:.3g}, the committed run's {then['best_val_loss']:.3g} by "
+            f"step {then['step']:,}, the same time; {bars}")
 
 
 def _ceilings(kept: dict) -> str:
@@ -419,6 +439,21 @@ def learns_the_same(base: list[float], fast: list[float]) -> dict:
             "last_quarter_mean": [round(statistics.fmean(base[tail]), 5), round(statistics.fmean(fast[tail]), 5)]}
 
 
+def budget_check(name: str, entry: dict, run_root: Path) -> dict:
+    """A shorter budget's evidence from a fast-profile run of ``name`` trained and evaluated under ``run_root``
+    (``runs/<name>``): its steps, best validation loss and bar, and the committed run's best validation loss by the
+    step the default recipe reaches in the same wall time on this machine (steps x the fast / baseline step rates)."""
+    run = run_root / "runs" / name
+    summary = json.loads((run / "train_summary.json").read_text())
+    bar = json.loads((run / "metrics.json").read_text())["bar"]
+    same_time = summary["steps"] * entry["baseline_steps_per_s"] / entry["steps_per_s"]
+    curve = [(step, loss) for step, loss in val_curve(name) if step <= same_time]
+    return {"steps": summary["steps"], "best_val_loss": summary["best_val_loss"], "best_step": summary["best_step"],
+            "bar": [{k: c[k] for k in ("metric", "op", "value", "measured", "passed")} for c in bar["conditions"]],
+            "committed_at_equal_time": {"step": curve[-1][0] if curve else 0,
+                                        "best_val_loss": min((v for _, v in curve), default=None)}}
+
+
 def learning_check(work: Path, name: str, steps: int) -> dict:
     """Baseline and fast for ``steps`` steps each, from the same weights on the same batches (1 thread)."""
     base, fast = (measure(work, name, variant, 1, steps, extras=False) for variant in ("baseline", "fast"))
@@ -451,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learn-steps", type=int, default=0,
                     help="with --entries: only compare the two variants' losses over this many steps (warm-up "
                          "included) and record that as the entries' learns_the_same, measuring no speed")
+    ap.add_argument("--budget-run", type=Path, metavar="ROOT",
+                    help="record the named entries' shorter budgets from a checkout whose runs/<entry> were trained "
+                         "and evaluated with profiles/fast.yaml (its max_steps) into --out")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--code", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -479,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
     if args.learn_steps:
         return _learning_only(args, names, old)
+    if args.budget_run:
+        kept = json.loads(args.out.read_text())
+        for name in names:
+            kept["entries"][name]["budget_check"] = check = budget_check(name, kept["entries"][name], args.budget_run)
+            print(f"{name}: {check}", flush=True)
+        args.out.write_text(json.dumps(kept, indent=2) + "\n")
+        return 0
     entries = {}
     for name in names:
         entries[name] = entry_figures(args.work, name, args.repeats, peak)
@@ -487,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{e['steps_per_s']:.2f} "
               f"steps/s ({e['pct_of_peak']}% of peak, outside ops {e['outside_ops']:.0%}); ratio {e['ratio']}x",
               flush=True)
+    for name, e in entries.items():  # a shorter budget's evidence outlives a speed run
+        if "budget_check" in old.get(name, {}) and e["steps"] == old[name]["budget_check"]["steps"]:
+            e["budget_check"] = old[name]["budget_check"]
     entries = {**old, **entries} if args.entries else entries
     # The zoo's command; entries measured again later by --entries are listed as such.
     command = "python scripts/train_efficiency.py" + (" --baseline-code BASE" if args.baseline_code else "")

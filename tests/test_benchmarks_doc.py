@@ -136,4 +136,7 @@ def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
             assert key in e, (name, key)
         assert e["baseline_steps"] == json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
         assert e["steps"] == train_efficiency.fast_steps(name, e["fast_settings"]), name
+        if "max_steps" in e["fast_settings"]:  # a shorter budget: its own run met the entry's bar in those steps
+            check = e["budget_check"]
+            assert check["steps"] == e["steps"] and check["bar"] and all(c["passed"] for c in check["bar"]), name
     assert kept["projected"] == train_efficiency.projected(kept["entries"])
