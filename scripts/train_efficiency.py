@@ -307,12 +307,13 @@ def _budgets(kept: dict) -> str:
 def _budget_evidence(entry: dict) -> str:
     """What a shorter budget's own run measured (``--budget-run``), against the committed run at equal wall time."""
     check = entry.get("budget_check")
-    if not check:
-        return ""
+    if not check:  # patience: where it stops the committed run's own curve
+        patience = entry["fast_settings"].get("patience")
+        return f": patience {patience} on the committed validation curve" if patience else ""
     then = check["committed_at_equal_time"]
     bars = ", ".join(f"{c['metric']} {c['measured']:g} (bar {c['op']} {c['value']:g})" for c in check["bar"])
-    return (f": best validation loss {check['best_val_loss']:.3g}, the committed run's {then['best_val_loss']:.3g} by "
-            f"step {then['step']:,}, the same time; {bars}")
+    return (f": best validation loss {check['best_val_loss']:.3g}, the committed run's {then['best_val_loss']:.3g} in "
+            f"the same wall time (by step {then['step']:,}); {bars}")
 
 
 def _ceilings(kept: dict) -> str:
