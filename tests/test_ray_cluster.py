@@ -97,6 +97,28 @@ def test_trials_spread_over_both_nodes_and_log_to_the_server(cluster, server, re
     assert parent.data.metrics["ray_nodes"] == 2 and parent.data.params["best.lr"] == str(tuned["lr"])
 
 
+def test_a_trials_run_left_open_when_ray_stopped_it_ends_killed(server, monkeypatch):
+    """A trial whose worker Ray stopped before it could end its MLflow run leaves the run RUNNING; once the search is
+    over the driver ends such children KILLED, and only them: a finished or failed trial and the parent keep theirs."""
+    from mlflow import MlflowClient
+
+    from pipeline.stages.tune import end_stopped_runs
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    client = MlflowClient()
+    experiment = client.create_experiment("stopped-trials")
+    parent = client.create_run(experiment).info.run_id
+    children = {status: client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+                for status in ("RUNNING", "FINISHED", "FAILED")}
+    for status, run_id in children.items():
+        if status != "RUNNING":
+            client.set_terminated(run_id, status)
+    end_stopped_runs(experiment, parent)
+    assert {s: client.get_run(r).info.status for s, r in children.items()} == {
+        "RUNNING": "KILLED", "FINISHED": "FINISHED", "FAILED": "FAILED"}
+    assert client.get_run(parent).info.status == "RUNNING"  # the search's own run: its stage ends it
+
+
 def test_crashing_and_non_finite_trials_leave_the_best_finished_one(cluster, server, repo):
     # lr 1e9 stays finite here (the loss grows to ~1e9; gradients are clipped and Adam's step is bounded),
     # so inf plants the non-finite loss; memory_size -1 crashes while the model is built.

@@ -131,6 +131,18 @@ def pick_best(name: str, results) -> tuple[dict, float]:
     return config, loss
 
 
+def end_stopped_runs(experiment_id: str, parent: str) -> None:
+    """End as KILLED the trials' MLflow runs still open once the search is over. A trial that ASHA cut ends its
+    own run in ``report``; one that Ray stopped before it reached ``report`` again (its worker killed between two
+    validations) leaves it RUNNING, though nothing runs it any more."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    for child in client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                     "attributes.status = 'RUNNING'"):
+        client.set_terminated(child.info.run_id, "KILLED")
+
+
 def tune_model(name: str, root: Path = ROOT) -> dict:
     """Search ``models.<name>.search_space``; write and return the best overrides."""
     import ray
@@ -181,6 +193,7 @@ def tune_model(name: str, root: Path = ROOT) -> dict:
                                           failure_config=tune.FailureConfig(max_failures=0)),
             )
             results = tuner.fit()
+            end_stopped_runs(mlflow.active_run().info.experiment_id, parent)
             best, best_loss = pick_best(name, results)
             tuned = {k: (float(v) if isinstance(v, float) else v) for k, v in best.items()}
             nodes = {r.metrics.get("node_id") for r in results if r.metrics and r.metrics.get("node_id")}
