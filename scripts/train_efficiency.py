@@ -513,18 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no peak figures at {args.peak}; run: python scripts/bench_peak.py --out {args.peak}")
     peak = json.loads(args.peak.read_text())
     names = args.entries or list(load_params(ROOT)["models"])
+    if args.budget_run:  # reads two runs' files: no data to prepare
+        return _budget_runs_only(args, names)
     args.work.mkdir(parents=True, exist_ok=True)
     make_work(args.work, names)
     old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
     if args.learn_steps:
         return _learning_only(args, names, old)
-    if args.budget_run:
-        kept = json.loads(args.out.read_text())
-        for name in names:
-            kept["entries"][name]["budget_check"] = check = budget_check(name, kept["entries"][name], args.budget_run)
-            print(f"{name}: {check}", flush=True)
-        args.out.write_text(json.dumps(kept, indent=2) + "\n")
-        return 0
     entries = {}
     for name in names:
         entries[name] = entry_figures(args.work, name, args.repeats, peak)
@@ -561,6 +556,16 @@ def _learning_only(args, names: list[str], old: dict) -> int:
         # the timed steps' warm-up comes first: the count is warm-up + timed, as in the speed runs
         timed = max(t for t in range(1, args.learn_steps + 1) if t + warm_up_steps(t) <= args.learn_steps)
         kept["entries"][name]["learns_the_same"] = check = learning_check(args.work, name, timed)
+        print(f"{name}: {check}", flush=True)
+    args.out.write_text(json.dumps(kept, indent=2) + "\n")
+    return 0
+
+
+def _budget_runs_only(args, names: list[str]) -> int:
+    """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``."""
+    kept = json.loads(args.out.read_text())
+    for name in names:
+        kept["entries"][name]["budget_check"] = check = budget_check(name, kept["entries"][name], args.budget_run)
         print(f"{name}: {check}", flush=True)
     args.out.write_text(json.dumps(kept, indent=2) + "\n")
     return 0

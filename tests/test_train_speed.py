@@ -220,7 +220,7 @@ def test_cpu_heap_keep_reuses_freed_memory_instead_of_faulting_it_in_again():
     """train.cpu_heap: keep, in a process of its own (it is process-wide): a 40 MB tensor allocated, touched and
     freed again and again faults its pages in anew every time under glibc's defaults (a fresh mapping each time)
     and, once the heap holds a block that fits, hardly ever: only while Python's own small allocations still split
-    the freed block (on one machine the first two of 16, on another the first three)."""
+    the freed block (run to run here: the 1st and 2nd of 16, or the 1st and 3rd)."""
     import subprocess
     import sys
 
