@@ -85,6 +85,13 @@ def merged(old: dict | None, new: dict) -> dict:
     out["parity"] = {s: {**old["parity"].get(s, {}), **{m: r for m, r in rows.items() if m in fresh}}
                      for s, rows in new["parity"].items()}
     out["timing"] = {**old["timing"], **{m: r for m, r in new["timing"].items() if m in fresh}}
+    # Graphs exported where they were packed (--with-graphs) name that torch; a re-measured model's entry
+    # is the new run's.
+    exported_by = {m: v for m, v in old.get("exported_by", {}).items() if m not in fresh}
+    exported_by.update({m: v for m, v in new.get("exported_by", {}).items() if m in fresh})
+    out.pop("exported_by", None)
+    if exported_by:
+        out["exported_by"] = exported_by
     if new.get("train") is not None:
         out["train"] = new["train"]
     return out
@@ -118,16 +125,35 @@ def entry_cases(name: str, root: Path) -> dict:
     return spec
 
 
-def pack(names: list[str], root: Path, out: Path) -> None:
+def pack(names: list[str], root: Path, out: Path, graphs: bool = False, jobs: int = 1) -> None:
     """``--pack``: :func:`entry_cases` of each of ``names`` into ``out/<name>.pt``, for ``--cases`` on a
     machine that has the code but not the prepared data (1.4 GB, some of it made from Debian
-    packages a GPU machine may lack)."""
+    packages a GPU machine may lack). With ``graphs``, also each entry's seeded graphs into
+    ``out/<name>/`` (:func:`seeded`), exported by this checkout's torch: an older torch on the GPU
+    machine may not export them (torch 2.11 refuses the recurrent encoders' dynamic lengths)."""
     import torch
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
+    specs = {}
     for name in tqdm(names, desc="packing cases", unit="model", disable=None):
-        torch.save(entry_cases(name, root), out / f"{name}.pt")
+        specs[name] = entry_cases(name, root)
+        torch.save(specs[name], out / f"{name}.pt")
+    if graphs:
+        seeded(specs, out, jobs)
+        for name in names:
+            (out / name / PACKED_EXPORT).write_text(json.dumps({"torch": torch.__version__}) + "\n")
+
+
+PACKED_EXPORT = "exported_by.json"  # beside graphs --pack --with-graphs exported: the torch that made them
+
+
+def packed_graphs(cases: Path | None, names: list[str]) -> dict[str, str]:
+    """{name: torch version} of the entries whose seeded graphs a ``--pack --with-graphs`` folder holds."""
+    if cases is None:
+        return {}
+    return {n: json.loads((cases / n / PACKED_EXPORT).read_text())["torch"]
+            for n in names if (cases / n / PACKED_EXPORT).is_file()}
 
 
 def load_cases(path: Path) -> dict:
@@ -381,6 +407,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="also check entries not trained in this checkout, with seeded weights (see above)")
     ap.add_argument("--pack", type=Path, metavar="DIR",
                     help="write each entry's configuration and parity cases into DIR (no device needed) and stop")
+    ap.add_argument("--with-graphs", action="store_true",
+                    help="with --pack: also export each entry's seeded graphs there, for a GPU machine whose torch "
+                         "cannot export them")
     ap.add_argument("--cases", type=Path, metavar="DIR",
                     help="read configurations and parity cases from a --pack DIR instead of data/prepared")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
@@ -394,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"gpu_check: {', '.join(unknown)} not in params.yaml; `attnzoo list` shows the entries")
     if args.pack:  # no device needed: the cases of every asked-for entry, for --cases elsewhere
-        pack(args.models or known, ROOT, args.pack)
+        pack(args.models or known, ROOT, args.pack, graphs=args.with_graphs, jobs=args.jobs)
         print(f"gpu_check: packed the cases of {len(args.models or known)} entries into {args.pack}")
         return
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -425,7 +454,12 @@ def main(argv: list[str] | None = None) -> None:
     specs = {m: load_cases(args.cases / f"{m}.pt") if args.cases else entry_cases(m, ROOT) for m in names}
     with tempfile.TemporaryDirectory(prefix="gpu_check_seeded_") as tmp:
         subjects = {m: published(m, ROOT) for m in names if weights[m] == "published"}
-        subjects.update(seeded({m: specs[m] for m in names if weights[m] == "seeded"}, Path(tmp), args.jobs))
+        exported = packed_graphs(args.cases, [m for m in names if weights[m] == "seeded"])
+        subjects.update({m: (build(specs[m]), args.cases / m) for m in exported})
+        if exported:
+            report["exported_by"] = {m: f"torch {v}" for m, v in exported.items()}
+        subjects.update(seeded({m: specs[m] for m in names if weights[m] == "seeded" and m not in exported},
+                               Path(tmp), args.jobs))
         subjects = {m: subjects[m] for m in names}  # the report's order: params.yaml's
         report["parity"] = parity(subjects, specs, args.device, settings)
         if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":

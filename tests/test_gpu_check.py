@@ -131,6 +131,12 @@ def test_a_seeded_run_never_replaces_published_rows_but_adds_the_models_it_lacke
     # A published row replaces a seeded one.
     again = gpu_check.merged(out, report({"ntm": "published"}, [4.0]))
     assert again["weights"]["ntm"] == "published" and again["timing"]["ntm"] == {"1": {"pytorch": 4.0}}
+    # Graphs exported where the cases were packed name that torch, until a run re-measures the model.
+    packed = {**report({"ntm": "seeded", "draw": "seeded"}, [3.0, 2.0]),
+              "exported_by": {"ntm": "torch 2.13.0", "draw": "torch 2.13.0"}}
+    assert gpu_check.merged(out, packed)["exported_by"] == {"ntm": "torch 2.13.0", "draw": "torch 2.13.0"}
+    assert gpu_check.merged(gpu_check.merged(out, packed), report({"ntm": "seeded"}, [3.0]))["exported_by"] == {
+        "draw": "torch 2.13.0"}
 
 
 @pytest.mark.slow
@@ -163,6 +169,9 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     packed = check("--pack", str(tmp_path / "cases"), timeout=300)
     assert packed.returncode == 0, packed.stderr[-3000:]
     assert packed.stdout.strip() == f"gpu_check: packed the cases of 2 entries into {tmp_path / 'cases'}"
+    # The recurrent one with its graphs exported here, for a GPU machine whose torch cannot export them.
+    with_graphs = check("--pack", str(tmp_path / "graphs"), "--with-graphs", models=("pointer_sort",), timeout=300)
+    assert with_graphs.returncode == 0, with_graphs.stderr[-3000:]
     shutil.rmtree(repo / "data" / "prepared")
     done = check("--device", "cpu", "--steps", "0", "--repeats", "1", "--seeded", "--jobs", "2", "--write",
                  "--cases", str(tmp_path / "cases"))
@@ -175,6 +184,16 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
         assert row["passed"] and row["e2e_passed"] and 0 < row["max_abs"] < 1e-4
     for times in report["timing"].values():
         assert set(times["1"]) == set(times["32"]) == {"pytorch", "onnxruntime_fp32"}
+    # Packed graphs are checked as they are, not exported again, and the report names the torch that made them.
+    import torch
+
+    done = check("--device", "cpu", "--steps", "0", "--repeats", "1", "--seeded", "--write",
+                 "--cases", str(tmp_path / "graphs"), models=("pointer_sort",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exported pointer_sort" not in done.stderr and "| pointer_sort (seeded weights) | passed" in done.stdout
+    report = json.loads((repo / "docs" / "gpu_check" / "cpu.json").read_text())
+    assert report["exported_by"] == {"pointer_sort": f"torch {torch.__version__}"}
+    assert 0 < report["parity"]["fp32"]["pointer_sort"]["max_abs"] < 1e-4
     # Bad input: one sentence naming the fix.
     bad = check("--device", "cpu", models=("nope", "act_parity"), timeout=120)
     assert bad.returncode != 0
