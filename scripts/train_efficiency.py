@@ -425,9 +425,14 @@ def entry_figures(work: Path, name: str, repeats: int, peak: dict) -> dict:
            "timed_steps": steps, "repeats": repeats, "fast_settings": settings,
            "steps_per_s_each": {v: [round(m["steps_per_s"], 3) for m in ms] for v, ms in runs.items()},
            "learns_the_same": learns_the_same(base["losses"], fast["losses"])}
-    out["ratio"] = round((out["baseline_steps"] / out["baseline_steps_per_s"])
-                         / (out["steps"] / out["steps_per_s"] + out["compile_s"]), 2)
+    out["ratio"] = ratio(out)
     return out
+
+
+def ratio(entry: dict) -> float:
+    """The entry's projected speed-up: the committed recipe's time over the fast one's (compile included)."""
+    return round((entry["baseline_steps"] / entry["baseline_steps_per_s"])
+                 / (entry["steps"] / entry["steps_per_s"] + entry["compile_s"]), 2)
 
 
 def learns_the_same(base: list[float], fast: list[float]) -> dict:
@@ -562,13 +567,28 @@ def _learning_only(args, names: list[str], old: dict) -> int:
 
 
 def _budget_runs_only(args, names: list[str]) -> int:
-    """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``."""
+    """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``.
+    A budget changed in profiles/fast.yaml since the speed run is taken as it is: ``max_steps`` leaves the step
+    time alone, so the entry's steps, ratio and the projection follow it; any other change needs a speed run."""
     kept = json.loads(args.out.read_text())
     for name in names:
-        kept["entries"][name]["budget_check"] = check = budget_check(name, kept["entries"][name], args.budget_run)
+        entry = kept["entries"][name]
+        now = fast_settings(name)
+        if _without_budget(now) != _without_budget(entry["fast_settings"]):
+            raise SystemExit(f"train_efficiency: {name}'s settings in profiles/fast.yaml differ from those measured by "
+                             f"more than max_steps; measure it again with --entries {name}")
+        entry.update(fast_settings=now, steps=fast_steps(name, now))
+        entry["ratio"] = ratio(entry)
+        entry["budget_check"] = check = budget_check(name, entry, args.budget_run)
         print(f"{name}: {check}", flush=True)
+    kept["projected"] = projected(kept["entries"])
     args.out.write_text(json.dumps(kept, indent=2) + "\n")
+    print(f"projected zoo training time: {kept['projected']}")
     return 0
+
+
+def _without_budget(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != "max_steps"}
 
 
 if __name__ == "__main__":

@@ -143,3 +143,41 @@ def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
             check = e["budget_check"]
             assert check["steps"] == e["steps"] and check["bar"] and all(c["passed"] for c in check["bar"]), name
     assert kept["projected"] == train_efficiency.projected(kept["entries"])
+
+
+def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_other_changes(tmp_path, monkeypatch):
+    """``--budget-run`` records a shorter budget's own run; a changed max_steps leaves the measured step rates alone,
+    so the entry's steps, ratio and the projection follow the profile, while any other change asks for a speed run."""
+    import yaml
+
+    kept = json.loads(train_efficiency.JSON_OUT.read_text())
+    out = tmp_path / "efficiency.json"
+    out.write_text(json.dumps(kept))
+    ntm = kept["entries"]["ntm"]
+    run = tmp_path / "scratch" / "runs" / "ntm"
+    run.mkdir(parents=True)
+    (run / "train_summary.json").write_text(json.dumps({"steps": 6000, "best_val_loss": 0.002, "best_step": 6000}))
+    bar = {"metric": "bit_errors_40", "op": "<=", "value": 1.0, "measured": 0.0, "passed": True}
+    (run / "metrics.json").write_text(json.dumps({"bar": {"passed": True, "conditions": [bar]}}))
+    profile = tmp_path / "fast.yaml"
+    monkeypatch.setenv("FAST_PROFILE", str(profile))
+    profile.write_text(yaml.safe_dump({"models": {"ntm": {"train": {**ntm["fast_settings"], "max_steps": 6000}}}}))
+    args = ["--entries", "ntm", "--budget-run", str(tmp_path / "scratch"), "--out", str(out)]
+    assert train_efficiency.main(args) == 0
+    got = json.loads(out.read_text())
+    e = got["entries"]["ntm"]
+    assert e["steps"] == 6000 and e["fast_settings"]["max_steps"] == 6000
+    assert e["steps_per_s"] == ntm["steps_per_s"] and e["baseline_steps_per_s"] == ntm["baseline_steps_per_s"]
+    assert e["ratio"] == round((ntm["baseline_steps"] / ntm["baseline_steps_per_s"])
+                               / (6000 / ntm["steps_per_s"] + ntm["compile_s"]), 2) > ntm["ratio"]
+    assert e["budget_check"]["steps"] == 6000 and e["budget_check"]["bar"] == [bar]
+    # the committed run's validation by the step the default recipe reaches in the fast run's time
+    reached = 6000 * ntm["baseline_steps_per_s"] / ntm["steps_per_s"]
+    assert 0 < e["budget_check"]["committed_at_equal_time"]["step"] <= reached
+    assert got["projected"] == train_efficiency.projected(got["entries"])
+    assert got["projected"]["fast_s"] < kept["projected"]["fast_s"]
+    # Another setting changed: the measured rate is not this recipe's.
+    profile.write_text(yaml.safe_dump({"models": {"ntm": {"train": {"precision": "bf16", "max_steps": 6000}}}}))
+    with pytest.raises(SystemExit, match=r"ntm's settings in profiles/fast.yaml differ from those measured by more "
+                                         r"than max_steps; measure it again with --entries ntm"):
+        train_efficiency.main(args)
