@@ -129,7 +129,7 @@ def pack(names: list[str], root: Path, out: Path, graphs: bool = False, jobs: in
     """``--pack``: :func:`entry_cases` of each of ``names`` into ``out/<name>.pt``, for ``--cases`` on a
     machine that has the code but not the prepared data (1.4 GB, some of it made from Debian
     packages a GPU machine may lack). With ``graphs``, also each entry's seeded graphs into
-    ``out/<name>/`` (:func:`seeded`), exported by this checkout's torch: an older torch on the GPU
+    ``out/<name>/`` (:func:`export_seeded`), exported by this checkout's torch: an older torch on the GPU
     machine may not export them (torch 2.11 refuses the recurrent encoders' dynamic lengths)."""
     import torch
     from tqdm import tqdm
@@ -140,7 +140,7 @@ def pack(names: list[str], root: Path, out: Path, graphs: bool = False, jobs: in
         specs[name] = entry_cases(name, root)
         torch.save(specs[name], out / f"{name}.pt")
     if graphs:
-        seeded(specs, out, jobs)
+        export_seeded(specs, out, jobs)
         for name in names:
             (out / name / PACKED_EXPORT).write_text(json.dumps({"torch": torch.__version__}) + "\n")
 
@@ -208,26 +208,25 @@ def _export_seeded(spec: dict, out: Path) -> float:
     return time.perf_counter() - start
 
 
-def seeded(specs: dict[str, dict], out: Path, jobs: int) -> dict:
-    """{name: (seeded model, graph folder)} for each of ``specs`` ({name: :func:`entry_cases`}).
+def export_seeded(specs: dict[str, dict], out: Path, jobs: int) -> None:
+    """:func:`_export_seeded` each of ``specs`` ({name: :func:`entry_cases`}) into ``out/<name>``.
     Exporting is mostly single-threaded Python (torch.onnx's tracing and rewriting: 3-85 s a model on
     the 2-core development machine), so ``jobs`` processes export at once; each builds the model at
     the same seed, and the parity check that follows compares the graphs against this process's
-    copy, so weights that differed would fail it."""
+    copy (:func:`build`), so weights that differed would fail it."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm import tqdm
 
     if not specs:
-        return {}
+        return
     # The pool is given the configurations only: the cases stay in this process.
     bare = {n: {k: v for k, v in spec.items() if k != "cases"} for n, spec in specs.items()}
     with ProcessPoolExecutor(max(1, min(jobs, len(specs))), mp_context=multiprocessing.get_context("spawn")) as pool:
         todo = {pool.submit(_export_seeded, spec, out / n): n for n, spec in bare.items()}
         for done in tqdm(as_completed(todo), total=len(todo), desc="seeded exports", unit="model", disable=None):
             print(f"exported {todo[done]} (seeded) in {done.result():.1f} s", file=sys.stderr, flush=True)
-    return {n: (build(spec), out / n) for n, spec in specs.items()}
 
 
 # The CUDA EP options per setting checked; None: the server's own (serving.runtime.CUDA_OPTIONS, fp32).
@@ -454,12 +453,12 @@ def main(argv: list[str] | None = None) -> None:
     specs = {m: load_cases(args.cases / f"{m}.pt") if args.cases else entry_cases(m, ROOT) for m in names}
     with tempfile.TemporaryDirectory(prefix="gpu_check_seeded_") as tmp:
         subjects = {m: published(m, ROOT) for m in names if weights[m] == "published"}
-        exported = packed_graphs(args.cases, [m for m in names if weights[m] == "seeded"])
-        subjects.update({m: (build(specs[m]), args.cases / m) for m in exported})
+        seeded_ones = [m for m in names if weights[m] == "seeded"]
+        exported = packed_graphs(args.cases, seeded_ones)  # graphs --pack --with-graphs exported: not again
         if exported:
             report["exported_by"] = {m: f"torch {v}" for m, v in exported.items()}
-        subjects.update(seeded({m: specs[m] for m in names if weights[m] == "seeded" and m not in exported},
-                               Path(tmp), args.jobs))
+        export_seeded({m: specs[m] for m in seeded_ones if m not in exported}, Path(tmp), args.jobs)
+        subjects.update({m: (build(specs[m]), args.cases / m if m in exported else Path(tmp) / m) for m in seeded_ones})
         subjects = {m: subjects[m] for m in names}  # the report's order: params.yaml's
         report["parity"] = parity(subjects, specs, args.device, settings)
         if "TensorrtExecutionProvider" in ort.get_available_providers() and args.device == "cuda":
