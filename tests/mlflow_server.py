@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.ports import free_port, listens
+
 START_TIMEOUT_S = 60.0  # about 12 s on the 2-core development machine
 STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PORT_TRIES = 3
 
 
 def _healthy(url: str) -> bool:
@@ -64,6 +60,35 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_TIMEOUT_S)
 
 
+def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """One try: the server on a free port, up once its own process answers ``/health`` there.
+
+    Returns (process, url), or (process, "") where the port went to another process first.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+           "--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts")]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    # /health alone can be answered by another worker's server that was handed the same port
+    while not (_healthy(url) and listens(proc.pid, port)):
+        if proc.poll() is not None:
+            if "address already in use" in log_path.read_text(errors="replace").lower():
+                return proc, ""
+            raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            _stop(proc)
+            raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S:.0f} s:\n"
+                               f"{log_path.read_text()[-4000:]}")
+        time.sleep(0.25)
+    return proc, url
+
+
 @contextlib.contextmanager
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """Start ``mlflow server`` bound to 127.0.0.1 on a free port; yields its URL.
@@ -73,29 +98,19 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     # No huey job runner beside the web worker: nothing here uses server-side jobs, and it would
     # be one more process competing for the CPU.
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
-    log_path = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-           "--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts")]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(PORT_TRIES):
+        proc, url = _start(tmp_path, env)
+        if url:
+            break
+        _stop(proc)
+    else:
+        raise RuntimeError(f"mlflow server: {PORT_TRIES} free ports were all taken before it could bind one")
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S:.0f} s:\n"
-                                   f"{log_path.read_text()[-4000:]}")
-            time.sleep(0.25)
         yield url
     finally:
         _stop(proc)

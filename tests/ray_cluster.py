@@ -23,14 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.ports import free_port
+
 RAY = str(Path(sys.executable).parent / "ray")
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _node_ports() -> list[str]:

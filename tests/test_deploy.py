@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from packaging.utils import canonicalize_name
 
 from tests import pod_security
 from tests.conftest import ROOT, stop_process
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -412,12 +412,6 @@ def tiny_onnx(folder: Path, inputs: dict, outputs: dict, w: np.ndarray) -> None:
     onnx.save(model, folder / "model.onnx")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -463,7 +457,7 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         args = exec_form(instruction("ENTRYPOINT")[0])[1:] + exec_form(instruction("CMD")[0])
     else:
         args = ["-m", "serving.server", *manifest(RUNTIME)["spec"]["containers"][0]["args"]]
-    port, grpc_port = _free_port(), _free_port()
+    port, grpc_port = free_port(), free_port()
     args = [a.replace(MODELS, str(repo)).replace(str(PORT), str(port)).replace(str(GRPC_PORT), str(grpc_port))
             for a in args]
     assert str(repo) in " ".join(args) and str(port) in " ".join(args)

@@ -22,6 +22,7 @@ import pytest
 
 from serving.client import Client
 from tests.conftest import ROOT
+from tests.ports import free_port, wait_serving
 
 GRPC_DIR = ROOT / "serving" / "grpc"
 
@@ -35,23 +36,15 @@ def test_the_shipped_message_classes_are_what_protoc_generates_from_the_shipped_
     assert "# Protobuf Python Version: " in shipped  # the generator's version, in the file
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(repo: Path, log_path: Path, *flags: str) -> SimpleNamespace:
-    port, grpc_port = _free_port(), _free_port()
+    port, grpc_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log_path.open("w") as log_file:  # a file, not a pipe nobody reads (it would fill and block the server)
         proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(repo), "--port", str(port),
                                  "--grpc-port", str(grpc_port), *flags],
                                 cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
-    if not client.wait_ready(60, alive=lambda: proc.poll() is None):
+    if not wait_serving(proc, port, client.ready, 60):
         proc.kill()
         raise RuntimeError(f"server did not become ready:\n{log_path.read_text()[-3000:]}")
     return SimpleNamespace(proc=proc, client=client, url=client.url, grpc=f"127.0.0.1:{grpc_port}", log=log_path)

@@ -215,3 +215,37 @@ def test_publish_refuses_graphs_whose_parity_failed(repo, server, staged, monkey
     finally:
         parity.write_text(kept)
     assert sorted(p.name for p in (repo / "model_repository" / "act").glob("*")) == versions
+
+
+def test_a_port_another_server_answers_on_is_left_for_a_free_one(tmp_path, monkeypatch):
+    """Another xdist worker's server was handed the same free port first and answers /health there:
+    this server's bind fails, and it starts again on a fresh port instead of yielding the other's URL."""
+    import http.server
+    import threading
+
+    from mlflow import MlflowClient
+
+    import tests.mlflow_server as ms
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        hits = 0
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            Health.hits += 1
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    ports = iter([taken])
+    monkeypatch.setattr(ms, "free_port", lambda: next(ports, None) or free_port())
+    try:
+        with mlflow_server(tmp_path) as url:
+            assert url != f"http://127.0.0.1:{taken}" and Health.hits > 0  # asked the other, then left it
+            assert [e.name for e in MlflowClient(url).search_experiments()] == ["Default"]
+    finally:
+        other.shutdown()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,16 +22,11 @@ import pytest
 
 from serving.client import Client
 from tests.conftest import ROOT
+from tests.ports import free_port, wait_serving
 
 pytestmark = pytest.mark.integration  # starts servers
 
 POLL_S = 1.0  # --repository-poll-s of the polled servers here
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(url: str, path: str, body=None, method: str = "POST", **headers: str) -> tuple[int, object]:
@@ -60,14 +54,14 @@ def serve(published, tmp_path: Path, *flags: str):
     """A server over a copy of the tiny repository's ntm (versions 1 and 2) in ``tmp_path/repo``."""
     repo = tmp_path / "repo"
     shutil.copytree(published.repo / "ntm", repo / "ntm")
-    port, log_path = _free_port(), tmp_path / "server.log"
+    port, log_path = free_port(), tmp_path / "server.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(repo), "--port", str(port),
                                  *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log_file,
                                 stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     try:
-        if not client.wait_ready(30, alive=lambda: proc.poll() is None):
+        if not wait_serving(proc, port, client.ready, 30):
             raise RuntimeError(f"server not ready in 30 s:\n{log_path.read_text()[-3000:]}")
         yield client.url, repo
     finally:
@@ -238,7 +232,7 @@ def test_grpc_load_unload_and_index_states_through_tritonclient(published, tmp_p
     grpcclient = pytest.importorskip("tritonclient.grpc")
     from tritonclient.utils import InferenceServerException
 
-    grpc_port = _free_port()
+    grpc_port = free_port()
     with serve(published, tmp_path, "--model-control", "explicit", "--load-model", "ntm",
                "--grpc-port", str(grpc_port)) as (url, _):
         client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{grpc_port}")

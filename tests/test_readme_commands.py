@@ -11,7 +11,6 @@ import json
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 import models
 from pipeline.config import load_params
 from tests.conftest import ROOT, TINY, stop_process
+from tests.ports import free_port
 from tests.serving_repo import _Publisher
 from tests.test_cli import cli
 
@@ -121,12 +121,6 @@ def readme_repo(published, tmp_path_factory):
     return repo, tmp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(argv: list[str], cwd) -> subprocess.CompletedProcess:
     """A README line, ``attnzoo ...``, as the user runs it."""
     return cli(*argv[1:], cwd=cwd, timeout=180)
@@ -156,7 +150,7 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
         if argv[1] != "serve" and argv not in asked:
             asked.append(argv)
     assert len(asked) >= 8, asked
-    port = _free_port()
+    port = free_port()
     # As written, but loopback only and a free port: --host/--port replaced, --repository the tiny one.
     swap = {"--host": "127.0.0.1", "--port": str(port), "--repository": str(repo)}
     argv = [swap.get(serve[i - 1], a) if i else a for i, a in enumerate(serve)]

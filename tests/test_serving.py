@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,10 @@ from serving.client import Client, ServerError
 from serving.decode import beam_search
 from serving.repository import Repository
 from tests.conftest import ROOT, TINY, tiny_batch
+from tests.ports import free_port, wait_serving
 from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
 
 pytestmark = pytest.mark.integration  # starts servers or processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tree_digest(folder: Path) -> str:
@@ -50,7 +44,7 @@ def _tree_digest(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def server(published, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # The log goes to a file: a pipe nobody reads until the end fills with the access log of a few
     # thousand requests, and the server then blocks on its next line.
@@ -60,7 +54,7 @@ def server(published, tmp_path_factory):
                                  "--port", str(port), "--batch-delay-ms", "20", "--max-body-mb", "0.5"],
                                 cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
-    if not client.wait_ready(30, alive=lambda: proc.poll() is None):
+    if not wait_serving(proc, port, client.ready, 30):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited:\n{log_path.read_text()}")
         proc.kill()
@@ -732,7 +726,7 @@ def test_triton_python_backend_gives_the_servers_answers(server):
 def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tmp_path):
     """Two worker processes behind one REST port and one gRPC port (each worker binds the gRPC port
     with SO_REUSEPORT, the kernel spreads connections): answers agree, /metrics adds both up."""
-    port, grpc_port, log_path = _free_port(), _free_port(), tmp_path / "server.log"
+    port, grpc_port, log_path = free_port(), free_port(), tmp_path / "server.log"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(published.repo),
                                  "--port", str(port), "--workers", "2", "--grpc-port", str(grpc_port)], cwd=ROOT,

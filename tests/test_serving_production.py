@@ -22,18 +22,19 @@ import torch
 import models
 from serving.client import Client
 from tests.conftest import ROOT, TINY, tiny_batch
-from tests.test_serving import TEXTS, _free_port, _metric, raw, server  # noqa: F401
+from tests.ports import free_port, wait_serving
+from tests.test_serving import TEXTS, _metric, raw, server  # noqa: F401
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
 
 def start_server(repo: Path, *flags: str) -> SimpleNamespace:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(repo), "--port", str(port),
                              *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = Client(f"http://127.0.0.1:{port}", timeout=60)
-    if not client.wait_ready(60, alive=lambda: proc.poll() is None) and not client.call("GET", "/v2/health/live"):
+    if not wait_serving(proc, port, client.ready, 60) and not client.call("GET", "/v2/health/live"):
         proc.kill()
         raise RuntimeError(f"server did not start:\n{proc.communicate()[0]}")
     return SimpleNamespace(url=client.url, client=client, proc=proc)

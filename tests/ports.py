@@ -1,0 +1,85 @@
+"""Loopback ports for the servers tests start, and who listens on them.
+
+``free_port()`` asks the kernel for a port that is free *now*; a server started on it binds it a
+few seconds later. Tests run on several xdist workers at once, so another worker can be handed the
+same number in between: one server then fails to bind, and its health check, polling the port,
+answers with the other worker's server until that one stops (seen once as "connection refused"
+half-way through a module). ``listens(proc, port)`` tells the two apart: the listening socket
+must belong to the process started, or to one of its children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+LISTEN = "0A"  # TCP state in /proc/net/tcp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the sockets listening on ``port`` (any address), or None where /proc/net cannot be read."""
+    inodes, readable = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            lines = Path(table).read_text().splitlines()[1:]
+            readable = True
+            for line in lines:
+                fields = line.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes if readable else None
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (Linux /proc)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+            parent[int(stat.parent.name)] = int(fields[1])
+    family, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in family} - family
+        family |= more
+        grew = bool(more)
+    return family
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or a child of it holds the socket listening on ``port``.
+
+    True where it cannot be told (no /proc): the caller's health check is then all there is.
+    """
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return True
+    for member in _descendants(pid):
+        for fd in Path(f"/proc/{member}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                if (link := str(fd.readlink())).startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False
+
+
+def wait_serving(proc: subprocess.Popen, port: int, ready: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``ready()`` until it is true and ``proc`` (or a child) is the one listening on ``port``.
+
+    False once ``timeout_s`` passes or ``proc`` exits (a server that lost the port to another
+    worker's exits on its failed bind, while ``ready()`` may be answered by that other server).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ready() and listens(proc.pid, port):
+            return True
+        time.sleep(0.1)
+    return False
