@@ -113,4 +113,8 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
+        died = proc.poll()
         _stop(proc)
+    if died is not None:  # the tests saw "connection refused"; this says why
+        log = (tmp_path / "server.log").read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"mlflow server {url} exited with {died} before its tests ended:\n{log}")
