@@ -88,17 +88,47 @@ def alive_nodes(address: str, env: dict[str, str] | None = None) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class _NodeExited(RuntimeError):
+    """A node's ``ray start`` ended while the cluster was starting."""
+
+
+# A node that exits while starting gets one more go, on fresh ports: its port may have been taken meanwhile, or
+# the GCS did not register it within the 30 s `ray start` waits (fixed in ray/_private/node.py; seen once on a
+# loaded 2-core machine).
+START_TRIES = 2
+
+
 @contextlib.contextmanager
 def ray_cluster(nodes: int = 2, timeout: float = 90.0) -> Iterator[str]:
     """Start a head and ``nodes - 1`` workers (1 CPU each) on 127.0.0.1; yields ``127.0.0.1:PORT``.
 
-    Raises RuntimeError with the nodes' logs if they are not all alive within ``timeout`` seconds.
+    Raises RuntimeError with the nodes' logs if they are not all alive within ``timeout`` seconds, or if a
+    node exits on each of ``START_TRIES`` starts (each on fresh ports).
     """
-    # /tmp, short: Ray puts Unix sockets under the temp dir, and their paths are limited to ~107 bytes
-    state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_AUTH_MODE"] = "disabled"
+    for attempt in range(START_TRIES):
+        # /tmp, short: Ray puts Unix sockets under the temp dir, and their paths are limited to ~107 bytes
+        state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+        procs: list[subprocess.Popen] = []
+        try:
+            address = _start(nodes, timeout, env, state, procs)
+            break
+        except BaseException as exc:
+            _stop(procs)
+            shutil.rmtree(state, ignore_errors=True)
+            if not isinstance(exc, _NodeExited) or attempt + 1 == START_TRIES:
+                raise
+    try:
+        yield address
+    finally:
+        _stop(procs)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _start(nodes: int, timeout: float, env: dict[str, str], state: Path, procs: list[subprocess.Popen]) -> str:
+    """Start the nodes (appending each process to ``procs``) and wait for them all; returns the head's address."""
     port = free_port()
     address = f"{HOST}:{port}"
     # --include-dashboard false still runs a minimal dashboard process, on port 8265 unless told otherwise
@@ -106,40 +136,32 @@ def ray_cluster(nodes: int = 2, timeout: float = 90.0) -> Iterator[str]:
                  "--dashboard-port", str(free_port()), "--temp-dir", str(state / "head"), *COMMON, *_node_ports()]]
     commands += [[RAY, "start", "--address", address, "--temp-dir", str(state / f"n{i}"), *COMMON, *_node_ports()]
                  for i in range(1, nodes)]
-    procs: list[subprocess.Popen] = []
     logs: list[Path] = []
-    try:
-        for i, cmd in enumerate(commands):
-            logs.append(state / f"node{i}.log")
-            with open(logs[-1], "w") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                              start_new_session=True))
-            if i == 0:  # workers need the head's GCS to be listening
-                _wait_for_port(HOST, port, procs[0], timeout, logs)
-        deadline = time.monotonic() + timeout
-        seen: list[str] = []
-        while time.monotonic() < deadline:
-            dead = [p for p in procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"a Ray node exited with code {dead[0].returncode}:\n{_tails(logs)}")
-            with contextlib.suppress(subprocess.TimeoutExpired, ValueError, IndexError):
-                seen = alive_nodes(address, env)
-            if len(set(seen)) >= nodes:
-                break
-            time.sleep(2)
-        else:
-            raise RuntimeError(f"{len(set(seen))} of {nodes} Ray nodes alive after {timeout:.0f} s:\n{_tails(logs)}")
-        yield address
-    finally:
-        _stop(procs)
-        shutil.rmtree(state, ignore_errors=True)
+    for i, cmd in enumerate(commands):
+        logs.append(state / f"node{i}.log")
+        with open(logs[-1], "w") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        if i == 0:  # workers need the head's GCS to be listening
+            _wait_for_port(HOST, port, procs[0], timeout, logs)
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise _NodeExited(f"a Ray node exited with code {dead[0].returncode}:\n{_tails(logs)}")
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError, IndexError):
+            seen = alive_nodes(address, env)
+        if len(set(seen)) >= nodes:
+            return address
+        time.sleep(2)
+    raise RuntimeError(f"{len(set(seen))} of {nodes} Ray nodes alive after {timeout:.0f} s:\n{_tails(logs)}")
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")
+            raise _NodeExited(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
             return
         time.sleep(0.5)
