@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ports import free_port, listens
+from tests.ports import free_port, wait_serving
 
 START_TIMEOUT_S = 60.0  # about 12 s on the 2-core development machine
 STOP_TIMEOUT_S = 10.0
@@ -74,19 +74,15 @@ def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
     # /health alone can be answered by another worker's server that was handed the same port
-    while not (_healthy(url) and listens(proc.pid, port)):
-        if proc.poll() is not None:
-            if "address already in use" in log_path.read_text(errors="replace").lower():
-                return proc, ""
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            _stop(proc)
-            raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S:.0f} s:\n"
-                               f"{log_path.read_text()[-4000:]}")
-        time.sleep(0.25)
-    return proc, url
+    if wait_serving(proc, port, lambda: _healthy(url), START_TIMEOUT_S):
+        return proc, url
+    if proc.poll() is None:
+        _stop(proc)
+        raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}")
+    if "address already in use" in log_path.read_text(errors="replace").lower():
+        return proc, ""
+    raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
 
 
 @contextlib.contextmanager

@@ -40,13 +40,19 @@ def _listening_inodes(port: int) -> set[str] | None:
     return inodes if readable else None
 
 
-def _descendants(pid: int) -> set[int]:
-    """``pid`` and every process below it (Linux /proc)."""
-    parent = {}
+def proc_stats() -> dict[int, list[str]]:
+    """Every process's /proc/PID/stat fields after "(comm)": [state, ppid, pgrp, session, ...] (Linux; elsewhere
+    none)."""
+    stats = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
-            parent[int(stat.parent.name)] = int(fields[1])
+            stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()  # comm may hold spaces
+    return stats
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (Linux /proc)."""
+    parent = {p: int(fields[1]) for p, fields in proc_stats().items()}
     family, grew = {pid}, True
     while grew:
         more = {p for p, pp in parent.items() if pp in family} - family

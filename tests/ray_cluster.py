@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ports import free_port
+from tests.ports import free_port, proc_stats
 
 RAY = str(Path(sys.executable).parent / "ray")
 HOST = "127.0.0.1"
@@ -69,13 +69,7 @@ def _stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
 
 def _session_members(sid: int) -> list[int]:
     """Pids in session ``sid`` (Linux /proc; elsewhere none are found and the group kill has to do)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
-            if int(fields[3]) == sid and int(stat.parent.name) != os.getpid():
-                pids.append(int(stat.parent.name))
-    return pids
+    return [pid for pid, fields in proc_stats().items() if int(fields[3]) == sid and pid != os.getpid()]
 
 
 def alive_nodes(address: str, env: dict[str, str] | None = None) -> list[str]:
