@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ports import free_port, proc_stats
+from tests.ports import free_port, proc_stats, wait_serving
 
 RAY = str(Path(sys.executable).parent / "ray")
 HOST = "127.0.0.1"
@@ -152,14 +152,20 @@ def _start(nodes: int, timeout: float, env: dict[str, str], state: Path, procs: 
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float, logs: list[Path]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise _NodeExited(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-            return
-        time.sleep(0.5)
+    """Wait until the head's own GCS listens on ``port``. Another server that took the number in between
+    (``free_port`` is free only when asked) would answer a bare connect: workers would then start pointed at
+    it, or join another test's cluster, while this head exits on its failed bind."""
+    if wait_serving(proc, port, lambda: _connects(host, port), timeout):
+        return
+    if proc.poll() is not None:
+        raise _NodeExited(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")
     raise RuntimeError(f"the Ray head did not listen on {host}:{port} within {timeout:.0f} s:\n{_tails(logs)}")
+
+
+def _connects(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
 
 
 def _tails(logs: list[Path], chars: int = 3000) -> str:

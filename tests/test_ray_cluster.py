@@ -186,3 +186,34 @@ def test_pick_best_names_a_missing_package():
 def test_pick_best_with_nothing_finished_names_the_first_error():
     with pytest.raises(UserError, match=r"no trial finished \(2 of 2 failed\); the first error: ValueError: bad lr$"):
         pick_best("m", [_result({}, error=ValueError("bad lr")), _result({}, error=RuntimeError("x"))])
+
+
+def test_a_head_port_another_listener_holds_is_left_before_any_worker_joins(monkeypatch):
+    """Another test's server was handed the head's port first and listens there: the head's GCS fails to
+    bind, so no worker may start pointed at that port (it would join whatever answers); the cluster starts
+    again on fresh ports and both nodes are alive there."""
+    import socket
+
+    import tests.ray_cluster as rc
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        taken = other.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(rc, "free_port", lambda: next(ports, None) or free_port())
+        commands: list[list[str]] = []
+        popen = subprocess.Popen
+
+        def recording(cmd, *args, **kwargs):
+            commands.append(list(cmd))
+            return popen(cmd, *args, **kwargs)
+
+        monkeypatch.setattr(rc.subprocess, "Popen", recording)
+        with ray_cluster(nodes=2) as address:
+            assert address != f"127.0.0.1:{taken}"
+            assert len(set(alive_nodes(address))) == 2
+    heads = [c[c.index("--port") + 1] for c in commands if "--head" in c]
+    joins = [c[c.index("--address") + 1] for c in commands if "start" in c and "--address" in c]
+    assert heads[0] == str(taken) and len(heads) == 2  # the first head lost its port; the second started
+    assert joins == [address]  # the one worker joined the second head only
