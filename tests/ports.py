@@ -26,6 +26,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def handing_out_first(port: int) -> Callable[[], int]:
+    """A ``free_port`` that returns ``port`` once, then free ones: for tests of a server whose port another
+    worker's server was handed first."""
+    first = iter([port])
+    return lambda: next(first, None) or free_port()
+
+
 def _listening_inodes(port: int) -> set[str] | None:
     """Inodes of the sockets listening on ``port`` (any address), or None where /proc/net cannot be read."""
     inodes, readable = set(), False

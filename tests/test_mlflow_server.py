@@ -21,6 +21,7 @@ from pipeline.config import UserError
 from pipeline.stages.prepare import prepare
 from tests.conftest import TINY, copy_repo, venv_env
 from tests.mlflow_server import free_port, mlflow_server
+from tests.ports import handing_out_first
 
 pytestmark = pytest.mark.slow
 
@@ -241,8 +242,7 @@ def test_a_port_another_server_answers_on_is_left_for_a_free_one(tmp_path, monke
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     taken = other.server_address[1]
-    ports = iter([taken])
-    monkeypatch.setattr(ms, "free_port", lambda: next(ports, None) or free_port())
+    monkeypatch.setattr(ms, "free_port", handing_out_first(taken))
     try:
         with mlflow_server(tmp_path) as url:
             assert url != f"http://127.0.0.1:{taken}" and Health.hits > 0  # asked the other, then left it

@@ -23,6 +23,7 @@ from pipeline.stages.prepare import prepare
 from pipeline.stages.tune import pick_best
 from tests.conftest import TINY, copy_repo, venv_env
 from tests.mlflow_server import mlflow_server
+from tests.ports import handing_out_first
 from tests.ray_cluster import alive_nodes, free_port, ray_cluster
 
 pytestmark = pytest.mark.slow
@@ -200,8 +201,7 @@ def test_a_head_port_another_listener_holds_is_left_before_any_worker_joins(monk
         other.bind(("127.0.0.1", 0))
         other.listen(8)
         taken = other.getsockname()[1]
-        ports = iter([taken])
-        monkeypatch.setattr(rc, "free_port", lambda: next(ports, None) or free_port())
+        monkeypatch.setattr(rc, "free_port", handing_out_first(taken))
         commands: list[list[str]] = []
         popen = subprocess.Popen
 
