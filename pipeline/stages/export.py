@@ -55,15 +55,21 @@ def export_onnx(model, out_dir: Path) -> dict[str, dict]:
                 output_names=spec.output_names, dynamic_axes=spec.dynamic_axes, dynamo=True,
                 external_data=False, verbose=False, optimize=True,
             )
-        _name_dynamic_outputs(out_dir / f"{name}.onnx", spec.dynamic_axes)
+        _finish_graph(out_dir / f"{name}.onnx", spec.dynamic_axes)
         info[name] = {"inputs": spec.input_names, "outputs": spec.output_names}
     return info
 
 
-def _name_dynamic_outputs(path: Path, dynamic_axes: dict[str, dict[int, str]]) -> None:
-    """The exporter can declare an output's dynamic axis with the example's size (e.g. the
-    encoder memory as [batch, 5, C]); rename such axes as ``dynamic_axes`` says so consumers
-    (Triton configs, shape checks) see the real contract."""
+def _finish_graph(path: Path, dynamic_axes: dict[str, dict[int, str]]) -> None:
+    """The exported file as it is published: dynamic output axes named, debug metadata gone.
+
+    The exporter can declare an output's dynamic axis with the example's size (e.g. the encoder
+    memory as [batch, 5, C]); such axes are renamed as ``dynamic_axes`` says, so consumers (Triton
+    configs, shape checks) see the real contract. It also annotates every node, value and graph
+    with debug metadata (``pkg.torch.onnx.stack_trace`` holds the build checkout's absolute paths
+    and the model file's line numbers, ``class_hierarchy`` and ``fx_node`` the traced modules): the
+    graph's bytes would change with where and from which revision of a comment it was built, and
+    published files would name the builder's directories. Nothing reads them, so they go."""
     import onnx
 
     proto = onnx.load(str(path))
@@ -76,7 +82,30 @@ def _name_dynamic_outputs(path: Path, dynamic_axes: dict[str, dict[int, str]]) -
             dim = out.type.tensor_type.shape.dim[axis]
             dim.ClearField("dim_value")
             dim.dim_param = label
+    _strip_metadata(proto)
     onnx.save(proto, str(path))
+
+
+def _strip_metadata(proto) -> None:
+    """Clear ``metadata_props`` on the model, its functions, and every graph (subgraphs of Loop
+    and If included), node and named value in them."""
+    del proto.metadata_props[:]
+    graphs = [proto.graph]
+    for fn in proto.functions:
+        del fn.metadata_props[:]
+        graphs.append(fn)  # a function's nodes and values nest like a graph's
+    while graphs:
+        graph = graphs.pop()
+        del graph.metadata_props[:]
+        for value in (*getattr(graph, "input", ()), *getattr(graph, "output", ()),
+                      *getattr(graph, "initializer", ()), *getattr(graph, "value_info", ())):
+            if hasattr(value, "metadata_props"):
+                del value.metadata_props[:]
+        for node in graph.node:
+            del node.metadata_props[:]
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.HasField("g") else [])
+                graphs.extend(attr.graphs)
 
 
 def tolerance(parity: dict, output: str) -> tuple[float, float]:
