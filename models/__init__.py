@@ -11,43 +11,10 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
-
-
-@dataclass
-class ExportSpec:
-    """One ONNX graph a model exports.
-
-    Args:
-        module: the ``nn.Module`` whose ``forward`` is the graph.
-        args: example inputs, in ``input_names`` order.
-        input_names / output_names: ONNX tensor names.
-        dynamic_axes: ``{tensor name: {axis: symbolic name}}``.
-    """
-
-    module: nn.Module
-    args: tuple[torch.Tensor, ...]
-    input_names: list[str]
-    output_names: list[str]
-    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
-
-
-class EncoderGraph(nn.Module):
-    """``model.encode(src, src_len)``, which returns a dict, as an export graph returning the
-    dict's ``names`` in order (ONNX outputs are positional; the exporter reads the argument names
-    from this signature). The model is a registered submodule, so its weights stay parameters."""
-
-    def __init__(self, model: nn.Module, names: list[str]):
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model.encode(src, src_len)
-        return tuple(out[n] for n in self.names)
 
 
 @dataclass
@@ -97,6 +64,8 @@ def build(arch: str, values: dict[str, Any]) -> nn.Module:
     return REGISTRY[arch].model_cls(cfg)
 
 
+SHARED = ("layers", "decode", "export")  # what the model files share; they register nothing
+
 for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_") and _info.name != "layers":
+    if not _info.name.startswith("_") and _info.name not in SHARED:
         importlib.import_module(f"{__name__}.{_info.name}")

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.export import ExportSpec, graph
 from models.layers import act_halting
 
 
@@ -92,48 +93,42 @@ class ACT(nn.Module):
         """One graph, ``model``: the ponder loop as an ONNX ``Loop`` that exits as :meth:`run` does."""
         b = {0: "batch"}
         names = ["logits", "halting", "ponder", "steps", "bits"]
-        return {"model": ExportSpec(_Full(self), (torch.zeros(2, self.cfg.input_size),), ["x"], names,
-                                    {n: b for n in ["x"] + names})}
+        return {"model": graph(self, _ponder, {"x": torch.zeros(2, self.cfg.input_size)}, names,
+                               {n: b for n in ["x"] + names})}
 
 
-class _Full(nn.Module):
+def _ponder(model: ACT, x: Tensor) -> tuple[Tensor, ...]:
     """:meth:`ACT.run` with its ponder loop as ``torch.while_loop`` (an ONNX ``Loop``): the same
     step, each step's halting value and output written to column n of [B,max_steps] buffers that
     stay zero beyond the steps run (where p is 0 anyway)."""
+    cfg = model.cfg
+    limit = cfg.max_steps if cfg.act else 1
+    flag = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)  # δ_n1 [B,1]
+    s = model.cell(torch.cat([x, flag], dim=-1), x.new_zeros(x.shape[0], cfg.hidden))  # [B,H]
+    h = torch.sigmoid(model.halt(s)).squeeze(-1)  # [B]
+    column = torch.arange(cfg.max_steps, device=x.device).view(1, -1)  # [1,S]
+    halts = torch.where(column == 0, h.unsqueeze(1), torch.zeros_like(h).unsqueeze(1))  # [B,S]
+    o = model.out(s).unsqueeze(1)  # [B,O] -> [B,1,O]
+    outs = torch.where(column.unsqueeze(-1) == 0, o, torch.zeros_like(o))  # [B,S,O]
+    n = torch.ones((), dtype=torch.long, device=x.device)
 
-    def __init__(self, model: ACT):
-        super().__init__()
-        self.model = model
+    def more(n, s, total, halts, outs):
+        return (n < limit) & ~(total >= 1 - cfg.eps).all()
 
-    def forward(self, x: Tensor):
-        model, cfg = self.model, self.model.cfg
-        limit = cfg.max_steps if cfg.act else 1
-        flag = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)  # δ_n1 [B,1]
-        s = model.cell(torch.cat([x, flag], dim=-1), x.new_zeros(x.shape[0], cfg.hidden))  # [B,H]
+    def step(n, s, total, halts, outs):
+        s = model.cell(torch.cat([x, torch.zeros_like(flag)], dim=-1), s)  # [B,H]
         h = torch.sigmoid(model.halt(s)).squeeze(-1)  # [B]
-        column = torch.arange(cfg.max_steps, device=x.device).view(1, -1)  # [1,S]
-        halts = torch.where(column == 0, h.unsqueeze(1), torch.zeros_like(h).unsqueeze(1))  # [B,S]
-        o = model.out(s).unsqueeze(1)  # [B,O] -> [B,1,O]
-        outs = torch.where(column.unsqueeze(-1) == 0, o, torch.zeros_like(o))  # [B,S,O]
-        n = torch.ones((), dtype=torch.long, device=x.device)
+        halts = torch.where(column == n, h.unsqueeze(1), halts)  # into column n
+        outs = torch.where((column == n).unsqueeze(-1), model.out(s).unsqueeze(1), outs)
+        return n + 1, s, total + h, halts, outs
 
-        def more(n, s, total, halts, outs):
-            return (n < limit) & ~(total >= 1 - cfg.eps).all()
-
-        def step(n, s, total, halts, outs):
-            s = model.cell(torch.cat([x, torch.zeros_like(flag)], dim=-1), s)  # [B,H]
-            h = torch.sigmoid(model.halt(s)).squeeze(-1)  # [B]
-            halts = torch.where(column == n, h.unsqueeze(1), halts)  # into column n
-            outs = torch.where((column == n).unsqueeze(-1), model.out(s).unsqueeze(1), outs)
-            return n + 1, s, total + h, halts, outs
-
-        _, _, _, halts, outs = torch.while_loop(more, step, (n, s, h, halts, outs))
-        if cfg.act:
-            # The loop ends early only once every row has halted, so a halt forced at the last
-            # column changes nothing then; at the step limit it is run()'s rule.
-            p, steps, remainder = act_halting(halts, cfg.eps, force_last=True)
-        else:  # one step: p = 1 there
-            p = torch.where(column == 0, torch.ones_like(halts), torch.zeros_like(halts))
-            steps, remainder = torch.ones_like(halts[:, 0]), torch.zeros_like(halts[:, 0])
-        logits = (p.unsqueeze(-1) * outs).sum(1)  # [B,S,1]*[B,S,O] -> [B,O]
-        return logits, p, steps + remainder, steps, (logits > 0).long()
+    _, _, _, halts, outs = torch.while_loop(more, step, (n, s, h, halts, outs))
+    if cfg.act:
+        # The loop ends early only once every row has halted, so a halt forced at the last
+        # column changes nothing then; at the step limit it is run()'s rule.
+        p, steps, remainder = act_halting(halts, cfg.eps, force_last=True)
+    else:  # one step: p = 1 there
+        p = torch.where(column == 0, torch.ones_like(halts), torch.zeros_like(halts))
+        steps, remainder = torch.ones_like(halts[:, 0]), torch.zeros_like(halts[:, 0])
+    logits = (p.unsqueeze(-1) * outs).sum(1)  # [B,S,1]*[B,S,O] -> [B,O]
+    return logits, p, steps + remainder, steps, (logits > 0).long()

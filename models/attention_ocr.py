@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, decoder_step, encoder, graph
 from models.layers import AdditiveAttention, PaddedBiRNN, token_loss
 
 STRIDE = 4  # horizontal down-sampling of the CNN
@@ -164,23 +166,13 @@ class AttentionOcr(nn.Module):
         """Greedy reading. Returns tokens [B,T] (EOS then pad), lengths [B] (letters before EOS),
         attention [B,T,L] (α over the annotations, row-major over the h×w grid for ``grid``)."""
         memory, keys, state, mask = self.encode(batch["image"], batch["width"])
-        bsz = memory.shape[0]
-        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=memory.device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=memory.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=memory.device)
-        tokens, alphas = [], []
-        for t in range(self.cfg.max_len):
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            nonlocal state
             logits, state, alpha = self.step(y, state, memory, keys, mask)
-            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), logits.argmax(-1))
-            tokens.append(y)
-            alphas.append(alpha)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        return {"tokens": torch.stack(tokens, dim=1), "lengths": lengths,  # T x [B] -> [B,T]
-                "attention": torch.stack(alphas, dim=1)}  # T x [B,L] -> [B,T,L]
+            return logits, {"attention": alpha}
+
+        return greedy(step, memory.shape[0], memory.device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` (image, width -> annotations, keys, state, mask) + ``decoder_step``."""
@@ -190,32 +182,13 @@ class AttentionOcr(nn.Module):
         memory, keys, state, mask = self.encode(image, width)
         b, bl = {0: "batch"}, {0: "batch", 1: "annotations"}
         return {
-            "encoder": ExportSpec(_Encoder(self), (image, width), ["image", "width"],
-                                  ["memory", "keys", "state", "mask"],
-                                  {"image": {0: "batch", 2: "width_px"}, "width": b, "memory": bl, "keys": bl,
-                                   "state": b, "mask": bl}),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self), (torch.tensor([1, 1]), state, memory, keys, mask),
-                ["y_prev", "state", "memory", "keys", "mask"], ["log_probs", "new_state", "attention"],
+            "encoder": graph(self, encoder, {"image": image, "width": width}, ["memory", "keys", "state", "mask"],
+                             {"image": {0: "batch", 2: "width_px"}, "width": b, "memory": bl, "keys": bl,
+                              "state": b, "mask": bl}),
+            "decoder_step": graph(
+                self, decoder_step,
+                {"y_prev": torch.tensor([1, 1]), "state": state, "memory": memory, "keys": keys, "mask": mask},
+                ["log_probs", "new_state", "attention"],
                 {"y_prev": b, "state": b, "memory": bl, "keys": bl, "mask": bl, "log_probs": b,
                  "new_state": b, "attention": bl}),
         }
-
-
-class _Encoder(nn.Module):
-    def __init__(self, model: AttentionOcr):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image: Tensor, width: Tensor):
-        return self.model.encode(image, width)
-
-
-class _DecoderStep(nn.Module):
-    def __init__(self, model: AttentionOcr):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, state, memory, keys, mask):
-        logits, new_state, alpha = self.model.step(y_prev, state, memory, keys, mask)
-        return torch.log_softmax(logits, dim=-1), new_state, alpha

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, decoder_step, encoder, graph
 from models.layers import NEG_INF, AdditiveAttention, LoopGradients, real_rows_loss, reverse_padded, token_loss
 
 
@@ -142,27 +144,13 @@ class Bahdanau(nn.Module):
             attention [B,T,S'] (alignment of each emitted token).
         """
         memory, keys, state, mask = self.encode(batch["src"], batch["src_len"])
-        bsz = batch["src"].shape[0]
-        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=memory.device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=memory.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=memory.device)
-        tokens, aligns = [], []
-        for t in range(self.cfg.max_len):
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            nonlocal state
             logits, state, align = self.step(y, state, memory, keys, mask)
-            y = logits.argmax(-1)
-            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), y)
-            tokens.append(y)
-            aligns.append(align)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        return {
-            "tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
-            "lengths": lengths,
-            "attention": torch.stack(aligns, dim=1),  # T x [B,S'] -> [B,T,S']
-        }
+            return logits, {"attention": align}
+
+        return greedy(step, batch["src"].shape[0], memory.device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` + ``decoder_step``; the decoding loop lives in ``serving.decode``."""
@@ -171,48 +159,20 @@ class Bahdanau(nn.Module):
         memory, keys, s0, mask = self.encode(src, src_len)
         batch_seq = {0: "batch", 1: "src_len"}
         return {
-            "encoder": ExportSpec(
-                _Encoder(self),
-                (src, src_len),
-                ["src", "src_len"],
-                ["memory", "keys", "state", "mask"],
-                {"src": batch_seq, "src_len": {0: "batch"}, "memory": batch_seq,
-                 "keys": batch_seq, "state": {0: "batch"}, "mask": batch_seq},
-            ),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self),
-                (torch.tensor([1, 1]), s0, memory, keys, mask),
-                ["y_prev", "state", "memory", "keys", "mask"],
+            "encoder": graph(self, encoder, {"src": src, "src_len": src_len}, ["memory", "keys", "state", "mask"],
+                             {"src": batch_seq, "src_len": {0: "batch"}, "memory": batch_seq,
+                              "keys": batch_seq, "state": {0: "batch"}, "mask": batch_seq}),
+            "decoder_step": graph(
+                self, decoder_step,
+                {"y_prev": torch.tensor([1, 1]), "state": s0, "memory": memory, "keys": keys, "mask": mask},
                 ["log_probs", "new_state", "attention"],
                 {"y_prev": {0: "batch"}, "state": {0: "batch"}, "memory": batch_seq,
                  "keys": batch_seq, "mask": batch_seq, "log_probs": {0: "batch"},
-                 "new_state": {0: "batch"}, "attention": batch_seq},
-            ),
+                 "new_state": {0: "batch"}, "attention": batch_seq}),
         }
 
 
-class _Encoder(nn.Module):
-    def __init__(self, model: Bahdanau):
-        super().__init__()
-        self.model = model
-
-    def forward(self, src: Tensor, src_len: Tensor):
-        return self.model.encode(src, src_len)
-
-
-class _DecoderStep(nn.Module):
-    def __init__(self, model: Bahdanau):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, state, memory, keys, mask):
-        logits, new_state, align = self.model.step(y_prev, state, memory, keys, mask)
-        # Log-probabilities: what greedy and beam search both consume.
-        return torch.log_softmax(logits, dim=-1), new_state, align
-
-
 # ---- the teacher-forced loss with the step-independent work out of the time loop ----------------------------
-# Below the exported classes on purpose: the ONNX graphs record the source lines they were traced from.
 def hoisted_loss(model: Bahdanau, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
     """``model.loss`` with ``teacher_forced: hoisted`` or ``deferred``: the same function and the same dropout
     masks, only rounding differs (tests/test_registry.py). The time loop keeps what needs the previous state (the

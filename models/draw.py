@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.export import ExportSpec, graph
 from models.layers import filterbank_window, gaussian_filterbank
 
 
@@ -194,44 +195,27 @@ class DRAW(nn.Module):
         state = self.initial_state(2, noise)
         b = {0: "batch"}
         return {
-            "init": ExportSpec(_Init(self), (noise,), ["x"], STATE_NAMES,
-                               {"x": {0: "batch", 1: "time"}, **{n: b for n in STATE_NAMES}}),
-            "step": ExportSpec(_Step(self), (noise[:, 0], *state), ["x"] + STATE_NAMES,
-                               ["logits"] + [f"new_{n}" for n in STATE_NAMES] + ["write_window"],
-                               {n: b for n in ["x", "logits", "write_window"] + STATE_NAMES
-                                + [f"new_{n}" for n in STATE_NAMES]}),
-            "infer": ExportSpec(_Infer(self), (image, noise), ["image", "noise"],
-                                ["bound", "recon_nll", "kl", "read_window"],
-                                {"image": b, "noise": b, "bound": b, "recon_nll": b, "kl": b, "read_window": b}),
+            "init": graph(self, _init, {"x": noise}, STATE_NAMES,
+                          {"x": {0: "batch", 1: "time"}, **{n: b for n in STATE_NAMES}}),
+            "step": graph(self, DRAW.generate_step, {"x": noise[:, 0], **dict(zip(STATE_NAMES, state))},
+                          ["logits"] + [f"new_{n}" for n in STATE_NAMES] + ["write_window"],
+                          {n: b for n in ["x", "logits", "write_window"] + STATE_NAMES
+                           + [f"new_{n}" for n in STATE_NAMES]}),
+            "infer": graph(self, _infer, {"image": image, "noise": noise}, INFER_NAMES,
+                           {n: b for n in ["image", "noise", *INFER_NAMES]}),
         }
 
     parity_collect = ("write_window",)  # step outputs the recurrent loop stacks over time
 
 
-class _Init(nn.Module):
-    def __init__(self, model: DRAW):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor):
-        # Only the batch size of x matters; reading it from a tensor keeps the graph dynamic.
-        return self.model.initial_state(x.shape[0], x)
+def _init(model: DRAW, x: Tensor) -> tuple[Tensor, ...]:
+    # Only the batch size of x matters; reading it from a tensor keeps the graph dynamic.
+    return model.initial_state(x.shape[0], x)
 
 
-class _Step(nn.Module):
-    def __init__(self, model: DRAW):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, h, c, canvas):
-        return self.model.generate_step(x, h, c, canvas)
+INFER_NAMES = ["bound", "recon_nll", "kl", "read_window"]
 
 
-class _Infer(nn.Module):
-    def __init__(self, model: DRAW):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image, noise):
-        out = self.model.infer(image, noise)
-        return out["bound"], out["recon_nll"], out["kl"], out["read_window"]
+def _infer(model: DRAW, image: Tensor, noise: Tensor) -> tuple[Tensor, ...]:
+    out = model.infer(image, noise)
+    return tuple(out[n] for n in INFER_NAMES)

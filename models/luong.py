@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models import EncoderGraph, ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, graph, log_probs_first, picked
 from models.layers import LoopGradients, LuongAttention, local_window, real_rows_loss, reverse_padded, token_loss
 
 
@@ -176,30 +178,15 @@ class Luong(nn.Module):
             attention [B,T,S] (a_t of each emitted token), positions [B,T] (p_t; local only).
         """
         enc = self.encode(batch["src"], batch["src_len"])
-        h, c, feed, pos = enc["h"], enc["c"], enc["feed"], enc["pos"]
-        bsz = batch["src"].shape[0]
-        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=h.device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=h.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=h.device)
-        tokens, aligns, centers = [], [], []
-        for t in range(self.cfg.max_len):
-            logits, align, h, c, feed, pos, center = self.step(y, h, c, feed, pos, enc["memory"],
-                                                               enc["keys"], enc["mask"])
-            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), logits.argmax(-1))
-            tokens.append(y)
-            aligns.append(align)
-            centers.append(center)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        out = {"tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
-               "lengths": lengths,
-               "attention": torch.stack(aligns, dim=1)}  # T x [B,S] -> [B,T,S]
-        if self.cfg.attention != "global":
-            out["positions"] = torch.stack(centers, dim=1)  # T x [B] -> [B,T]
-        return out
+        carried = [enc["h"], enc["c"], enc["feed"], enc["pos"]]
+        local = self.cfg.attention != "global"
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            logits, align, h, c, feed, pos, center = self.step(y, *carried, enc["memory"], enc["keys"], enc["mask"])
+            carried[:] = [h, c, feed, pos]
+            return logits, {"attention": align, **({"positions": center} if local else {})}
+
+        return greedy(step, batch["src"].shape[0], enc["memory"].device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` + ``decoder_step`` (seq2seq contract of ``serving.decode``)."""
@@ -210,32 +197,21 @@ class Luong(nn.Module):
         enc_names = ["memory", "keys", "mask", "h", "c", "feed", "pos"]
         carried = ["h", "c", "feed", "pos"]
         return {
-            "encoder": ExportSpec(
-                EncoderGraph(self, enc_names), (src, src_len), ["src", "src_len"], enc_names,
-                {"src": bs, "src_len": b, "memory": bs, "keys": bs, "mask": bs,
-                 **{n: b for n in carried}},
-            ),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self),
-                (torch.tensor([1, 1]), *(enc[n] for n in carried), enc["memory"], enc["keys"], enc["mask"]),
-                ["y_prev", *carried, "memory", "keys", "mask"],
+            "encoder": graph(self, picked(enc_names), {"src": src, "src_len": src_len}, enc_names,
+                             {"src": bs, "src_len": b, "memory": bs, "keys": bs, "mask": bs,
+                              **{n: b for n in carried}}),
+            "decoder_step": graph(
+                self, _decoder_step,
+                {"y_prev": torch.tensor([1, 1]), **{n: enc[n] for n in carried + ["memory", "keys", "mask"]}},
                 ["log_probs", "attention", *(f"new_{n}" for n in carried)],
-                # In input order: the exporter pairs these with the arguments by position.
                 {"y_prev": b, **{n: b for n in carried}, "memory": bs, "keys": bs, "mask": bs,
-                 "log_probs": b, "attention": bs, **{f"new_{n}": b for n in carried}},
-            ),
+                 "log_probs": b, "attention": bs, **{f"new_{n}": b for n in carried}}),
         }
 
 
-class _DecoderStep(nn.Module):
-    def __init__(self, model: Luong):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, h, c, feed, pos, memory, keys, mask):
-        logits, align, h, c, feed, pos, _ = self.model.step(y_prev, h, c, feed, pos, memory, keys, mask)
-        # Log-probabilities: what greedy and beam search both consume.
-        return torch.log_softmax(logits, dim=-1), align, h, c, feed, pos
+def _decoder_step(model: Luong, *inputs: Tensor) -> tuple[Tensor, ...]:
+    """The served step: log-probabilities, the alignment and the carried h, c, feed, pos (not p_t)."""
+    return log_probs_first(model.step(*inputs)[:-1])
 
 
 TEACHER_FORCED = ("per_step", "hoisted", "deferred")  # how loss() runs the decoder over a teacher-forced target

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.export import ExportSpec, graph
 
 OPERATIONS = ["reset", "greater", "lesser", "first", "last", "count", "sum", "print"]
 RESET, GREATER, LESSER, FIRST, LAST, COUNT, SUM, PRINT = range(len(OPERATIONS))
@@ -167,13 +168,12 @@ class NeuralProgrammer(nn.Module):
         ex = {"question": torch.tensor([[1, 2, 3], [1, 2, 0]]), "q_len": torch.tensor([3, 2]),
               "columns": torch.tensor([[4, 5, 6], [4, 5, 6]]), "table": torch.rand(2, 4, 3) * 100,
               "row_mask": torch.ones(2, 4), "pivot": torch.tensor([50.0, 20.0])}
-        names = list(ex)
         axes = {"question": {0: "batch", 1: "words"}, "q_len": b, "columns": {0: "batch", 1: "columns"},
                 "table": {0: "batch", 1: "rows", 2: "columns"}, "row_mask": {0: "batch", 1: "rows"}, "pivot": b,
                 "scalar": b, "lookup": {0: "batch", 1: "rows", 2: "columns"}, "is_lookup": b,
                 "op_weights": b, "col_weights": {0: "batch", 2: "columns"}}
-        return {"model": ExportSpec(_Program(self, names), tuple(ex.values()), names,
-                                    ["scalar", "lookup", "is_lookup", "op_weights", "col_weights"], axes)}
+        return {"model": graph(self, _program, ex, ["scalar", "lookup", "is_lookup", "op_weights", "col_weights"],
+                               axes)}
 
 
 def correct(out: dict[str, Tensor], batch: dict[str, Tensor]) -> Tensor:
@@ -185,13 +185,9 @@ def correct(out: dict[str, Tensor], batch: dict[str, Tensor]) -> Tensor:
     return (out["is_lookup"].bool() == want_lookup) & torch.where(want_lookup, cells_ok, scalar_ok)
 
 
-class _Program(nn.Module):
-    def __init__(self, model: NeuralProgrammer, names: list[str]):
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, question, q_len, columns, table, row_mask, pivot):
-        batch = {"question": question, "q_len": q_len, "columns": columns, "table": table,
-                 "row_mask": row_mask, "pivot": pivot}
-        out = self.model.run(batch, hard=True)
-        return out["scalar"], out["lookup"], out["is_lookup"].long(), out["op_weights"], out["col_weights"]
+def _program(model: NeuralProgrammer, question: Tensor, q_len: Tensor, columns: Tensor, table: Tensor,
+             row_mask: Tensor, pivot: Tensor) -> tuple[Tensor, ...]:
+    batch = {"question": question, "q_len": q_len, "columns": columns, "table": table, "row_mask": row_mask,
+             "pivot": pivot}
+    out = model.run(batch, hard=True)
+    return out["scalar"], out["lookup"], out["is_lookup"].long(), out["op_weights"], out["col_weights"]

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.export import ExportSpec, graph
 from models.layers import ntm_address, positive, split_sizes
 
 STATE_NAMES = ["h", "c", "memory", "reads", "read_w", "write_w"]
@@ -172,32 +173,19 @@ class NTM(nn.Module):
         state = self.initial_state(2)
         b = {0: "batch"}
         return {
-            "init": ExportSpec(_Init(self), (x,), ["x"], STATE_NAMES,
-                               {"x": {0: "batch", 1: "time"}, **{n: b for n in STATE_NAMES}}),
-            "step": ExportSpec(
-                _Step(self), (x[:, 0], *state), ["x"] + STATE_NAMES,
-                ["logits"] + [f"new_{n}" for n in STATE_NAMES],
-                {n: b for n in ["x", "logits"] + STATE_NAMES + [f"new_{n}" for n in STATE_NAMES]},
-            ),
+            "init": graph(self, _init, {"x": x}, STATE_NAMES,
+                          {"x": {0: "batch", 1: "time"}, **{n: b for n in STATE_NAMES}}),
+            "step": graph(self, _step, {"x": x[:, 0], **dict(zip(STATE_NAMES, state))},
+                          ["logits"] + [f"new_{n}" for n in STATE_NAMES],
+                          {n: b for n in ["x", "logits"] + STATE_NAMES + [f"new_{n}" for n in STATE_NAMES]}),
         }
 
 
-class _Init(nn.Module):
-    def __init__(self, model: NTM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor):
-        # Only the batch size of x matters; reading it from a tensor keeps the graph dynamic.
-        state = self.model.initial_state(1)
-        return tuple(s.expand(x.shape[0], *s.shape[1:]) for s in state)
+def _init(model: NTM, x: Tensor) -> tuple[Tensor, ...]:
+    # Only the batch size of x matters; reading it from a tensor keeps the graph dynamic.
+    return tuple(s.expand(x.shape[0], *s.shape[1:]) for s in model.initial_state(1))
 
 
-class _Step(nn.Module):
-    def __init__(self, model: NTM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, h, c, memory, reads, read_w, write_w):
-        logits, state = self.model.step(x, [h, c, memory, reads, read_w, write_w])
-        return (logits, *state)
+def _step(model: NTM, x: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+    logits, state = model.step(x, list(state))
+    return (logits, *state)

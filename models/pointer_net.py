@@ -24,8 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import EncoderGraph, ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, graph, picked
 from models.layers import AdditiveAttention
+
+STATE = ["h", "c", "mask", "inputs", "memory", "pointer_keys", "glimpse_keys"]  # carried, then static
 
 
 @dataclass
@@ -132,32 +136,20 @@ class PointerNet(nn.Module):
             before END), attention [B,T,S] (the pointer distribution of every step).
         """
         state = self.encode(batch["src"], batch["src_len"])
-        bsz = batch["src"].shape[0]
-        y = torch.zeros(bsz, dtype=torch.long, device=state["h"].device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=y.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=y.device)
-        tokens, dists = [], []
-        for t in range(self.cfg.max_len):
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logp, carried = self.step(y, state)
             state.update(carried)
-            y = torch.where(done, torch.zeros_like(y), logp.argmax(-1))
-            tokens.append(y)
-            dists.append(logp.exp())
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        return {"tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
-                "lengths": lengths,
-                "attention": torch.stack(dists, dim=1)}  # T x [B,S] -> [B,T,S]
+            return logp, {"attention": logp.exp()}
+
+        return greedy(step, batch["src"].shape[0], state["h"].device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` + ``decoder_step`` (h, c and the mask carried); ``serving.decode`` loops."""
         src = torch.rand(2, 5, self.cfg.input_size)
         src_len = torch.tensor([5, 3])
         enc = self.encode(src, src_len)
-        carried, static = ["h", "c", "mask"], ["inputs", "memory", "pointer_keys", "glimpse_keys"]
+        static = STATE[3:]
         bs = {0: "batch", 1: "positions"}
         b = {0: "batch"}
         enc_axes = {"src": {0: "batch", 1: "points"}, "src_len": b, "h": b, "c": b,
@@ -165,23 +157,14 @@ class PointerNet(nn.Module):
         step_axes = {"y_prev": b, "h": b, "c": b, "new_h": b, "new_c": b, "log_probs": bs,
                      "attention": bs, "new_mask": bs, **{n: bs for n in ["mask"] + static}}
         return {
-            "encoder": ExportSpec(EncoderGraph(self, carried + static), (src, src_len), ["src", "src_len"],
-                                  carried + static, enc_axes),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self), (torch.tensor([0, 0]), *(enc[n] for n in carried + static)),
-                ["y_prev"] + carried + static, ["log_probs", "new_h", "new_c", "new_mask", "attention"],
-                step_axes),
+            "encoder": graph(self, picked(STATE), {"src": src, "src_len": src_len}, STATE, enc_axes),
+            "decoder_step": graph(self, _decoder_step, {"y_prev": torch.tensor([0, 0]), **{n: enc[n] for n in STATE}},
+                                  ["log_probs", "new_h", "new_c", "new_mask", "attention"], step_axes),
         }
 
 
-class _DecoderStep(nn.Module):
-    def __init__(self, model: PointerNet):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, h, c, mask, inputs, memory, pointer_keys, glimpse_keys):
-        state = {"h": h, "c": c, "mask": mask, "inputs": inputs, "memory": memory,
-                 "pointer_keys": pointer_keys, "glimpse_keys": glimpse_keys}
-        logp, carried = self.model.step(y_prev, state)
-        # The pointer distribution is the model's attention: returned for plots and clients.
-        return logp, carried["h"], carried["c"], carried["mask"], logp.exp()
+def _decoder_step(model: PointerNet, y_prev: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+    """The served step: log-probabilities, the carried h, c and mask, and the pointer distribution,
+    the model's attention (returned for plots and clients)."""
+    logp, carried = model.step(y_prev, dict(zip(STATE, state)))
+    return logp, carried["h"], carried["c"], carried["mask"], logp.exp()

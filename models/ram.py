@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.export import ExportSpec, graph
 from models.layers import glimpse, glimpse_pyramid
 
 
@@ -179,43 +180,33 @@ class RAM(nn.Module):
         travels as one flat tensor (the levels differ in size; the glimpse graph has fixed inputs).
         """
         image = torch.rand(2, self.cfg.image_size, self.cfg.image_size, generator=torch.Generator().manual_seed(0))
-        start = _Start(self)
-        h, c, loc, *pyramid = start(image)  # pyramid: [] with one scale, else [[B,N]]
+        h, c, loc, *pyramid = _start(self, image)  # pyramid: [] with one scale, else [[B,N]]
         b = {0: "batch"}
         state = ["h", "c", "loc"] + (["pyramid"] if pyramid else [])
         new = [f"new_{n}" for n in state]
         return {
-            "start": ExportSpec(start, (image,), ["image"], state, {n: b for n in ["image", *state]}),
-            "glimpse": ExportSpec(_Glimpse(self), (image, h, c, loc, *pyramid), ["image", *state], ["logits", *new],
-                                  {n: b for n in ["image", *state, "logits", *new]}),
+            "start": graph(self, _start, {"image": image}, state, {n: b for n in ["image", *state]}),
+            "glimpse": graph(self, _glimpse, {"image": image, **dict(zip(state, (h, c, loc, *pyramid)))},
+                             ["logits", *new], {n: b for n in ["image", *state, "logits", *new]}),
         }
 
 
-class _Start(nn.Module):
-    def __init__(self, model: RAM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image: Tensor):
-        state = self.model.initial_state(image)
-        levels = glimpse_pyramid(image.unsqueeze(1), self.model.cfg.scales)[1:]  # K-1 x [B,1,S/2^k,S/2^k]
-        if not levels:
-            return state
-        return (*state, torch.cat([level.flatten(1) for level in levels], 1))  # -> [B, Σ_k (S/2^k)²]
+def _start(model: RAM, image: Tensor) -> tuple[Tensor, ...]:
+    state = model.initial_state(image)
+    levels = glimpse_pyramid(image.unsqueeze(1), model.cfg.scales)[1:]  # K-1 x [B,1,S/2^k,S/2^k]
+    if not levels:
+        return state
+    return (*state, torch.cat([level.flatten(1) for level in levels], 1))  # -> [B, Σ_k (S/2^k)²]
 
 
-class _Glimpse(nn.Module):
-    def __init__(self, model: RAM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image: Tensor, h: Tensor, c: Tensor, loc: Tensor, pyramid: Tensor | None = None):
-        levels, offset = [image.unsqueeze(1)], 0  # [B,S,S] -> [B,1,S,S], then the carried coarser levels
-        for k in range(1, self.model.cfg.scales):
-            side = self.model.cfg.image_size // 2**k
-            level = pyramid[:, offset:offset + side * side]  # [B,side²]
-            levels.append(level.reshape(-1, 1, side, side))  # [B,side²] -> [B,1,side,side]
-            offset += side * side
-        h, c, mean = self.model.glimpse_step(levels, h, c, loc)
-        out = (self.model.classify(h), h, c, self.model.inference_location(mean))
-        return out if pyramid is None else (*out, pyramid)
+def _glimpse(model: RAM, image: Tensor, h: Tensor, c: Tensor, loc: Tensor, pyramid: Tensor | None = None
+             ) -> tuple[Tensor, ...]:
+    levels, offset = [image.unsqueeze(1)], 0  # [B,S,S] -> [B,1,S,S], then the carried coarser levels
+    for k in range(1, model.cfg.scales):
+        side = model.cfg.image_size // 2**k
+        level = pyramid[:, offset:offset + side * side]  # [B,side²]
+        levels.append(level.reshape(-1, 1, side, side))  # [B,side²] -> [B,1,side,side]
+        offset += side * side
+    h, c, mean = model.glimpse_step(levels, h, c, loc)
+    out = (model.classify(h), h, c, model.inference_location(mean))
+    return out if pyramid is None else (*out, pyramid)

@@ -36,7 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, decoder_step, encoder, graph
 from models.layers import AdditiveAttention, token_loss
 
 
@@ -204,23 +206,13 @@ class ShowAttendTell(nn.Module):
             attention [B,T,L] (α of every step over the h×w regions, row-major; ``self.grid``).
         """
         memory, keys, h, c = self.encode(batch["image"])
-        bsz = memory.shape[0]
-        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=memory.device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=memory.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=memory.device)
-        tokens, alphas = [], []
-        for t in range(self.cfg.max_len):
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            nonlocal h, c
             logits, h, c, alpha = self.step(y, h, c, memory, keys)
-            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), logits.argmax(-1))
-            tokens.append(y)
-            alphas.append(alpha)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        return {"tokens": torch.stack(tokens, dim=1), "lengths": lengths,  # T x [B] -> [B,T]
-                "attention": torch.stack(alphas, dim=1)}  # T x [B,L] -> [B,T,L]
+            return logits, {"attention": alpha}
+
+        return greedy(step, memory.shape[0], memory.device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` (image -> annotations, initial state) + ``decoder_step``, as seq2seq models."""
@@ -229,30 +221,11 @@ class ShowAttendTell(nn.Module):
         memory, keys, h, c = self.encode(image)
         b = {0: "batch"}
         return {
-            "encoder": ExportSpec(_Encoder(self), (image,), ["image"], ["memory", "keys", "h", "c"],
-                                  {"image": b, "memory": b, "keys": b, "h": b, "c": b}),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self), (torch.tensor([1, 1]), h, c, memory, keys),
-                ["y_prev", "h", "c", "memory", "keys"], ["log_probs", "new_h", "new_c", "attention"],
+            "encoder": graph(self, encoder, {"image": image}, ["memory", "keys", "h", "c"],
+                             {"image": b, "memory": b, "keys": b, "h": b, "c": b}),
+            "decoder_step": graph(
+                self, decoder_step, {"y_prev": torch.tensor([1, 1]), "h": h, "c": c, "memory": memory, "keys": keys},
+                ["log_probs", "new_h", "new_c", "attention"],
                 {"y_prev": b, "h": b, "c": b, "memory": b, "keys": b, "log_probs": b, "new_h": b,
                  "new_c": b, "attention": b}),
         }
-
-
-class _Encoder(nn.Module):
-    def __init__(self, model: ShowAttendTell):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image: Tensor):
-        return self.model.encode(image)
-
-
-class _DecoderStep(nn.Module):
-    def __init__(self, model: ShowAttendTell):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, h, c, memory, keys):
-        logits, new_h, new_c, alpha = self.model.step(y_prev, h, c, memory, keys)
-        return torch.log_softmax(logits, dim=-1), new_h, new_c, alpha

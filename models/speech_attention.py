@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models import ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, encoder, graph, log_probs_first
 from models.layers import AdditiveAttention, PaddedBiRNN, token_loss
 
 
@@ -138,23 +140,13 @@ class SpeechAttention(nn.Module):
         """Greedy transcription. Returns tokens [B,T] (EOS then pad), lengths [B] (characters
         before EOS), attention [B,T,S] (α_i over the annotations, 30 ms each)."""
         memory, keys, state, align, mask = self.encode(batch["features"], batch["steps"])
-        bsz = memory.shape[0]
-        y = torch.full((bsz,), self.cfg.bos_id, dtype=torch.long, device=memory.device)
-        done = torch.zeros(bsz, dtype=torch.bool, device=memory.device)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=memory.device)
-        tokens, alphas = [], []
-        for t in range(self.cfg.max_len):
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            nonlocal state, align
             logits, state, align = self.step(y, state, align, memory, keys, mask)
-            y = torch.where(done, torch.full_like(y, self.cfg.pad_id), logits.argmax(-1))
-            tokens.append(y)
-            alphas.append(align)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        return {"tokens": torch.stack(tokens, dim=1), "lengths": lengths,  # T x [B] -> [B,T]
-                "attention": torch.stack(alphas, dim=1)}  # T x [B,S] -> [B,T,S]
+            return logits, {"attention": align}
+
+        return greedy(step, memory.shape[0], memory.device, self.cfg)
 
     def export_graphs(self) -> dict[str, ExportSpec]:
         """``encoder`` (features, steps -> annotations, keys, state, α_0, mask) + ``decoder_step``
@@ -165,34 +157,21 @@ class SpeechAttention(nn.Module):
         memory, keys, state, align, mask = self.encode(features, steps)
         b, bs = {0: "batch"}, {0: "batch", 1: "annotations"}
         return {
-            "encoder": ExportSpec(_Encoder(self), (features, steps), ["features", "steps"],
-                                  ["memory", "keys", "state", "align", "mask"],
-                                  {"features": {0: "batch", 1: "annotations"}, "steps": b, "memory": bs, "keys": bs,
-                                   "state": b, "align": bs, "mask": bs}),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self), (torch.tensor([1, 1]), state, align, memory, keys, mask),
-                ["y_prev", "state", "align", "memory", "keys", "mask"],
+            "encoder": graph(self, encoder, {"features": features, "steps": steps},
+                             ["memory", "keys", "state", "align", "mask"],
+                             {"features": {0: "batch", 1: "annotations"}, "steps": b, "memory": bs, "keys": bs,
+                              "state": b, "align": bs, "mask": bs}),
+            "decoder_step": graph(
+                self, _decoder_step,
+                {"y_prev": torch.tensor([1, 1]), "state": state, "align": align, "memory": memory, "keys": keys,
+                 "mask": mask},
                 ["log_probs", "new_state", "new_align", "attention"],
                 {"y_prev": b, "state": b, "align": bs, "memory": bs, "keys": bs, "mask": bs, "log_probs": b,
                  "new_state": b, "new_align": bs, "attention": bs}),
         }
 
 
-class _Encoder(nn.Module):
-    def __init__(self, model: SpeechAttention):
-        super().__init__()
-        self.model = model
-
-    def forward(self, features: Tensor, steps: Tensor):
-        return self.model.encode(features, steps)
-
-
-class _DecoderStep(nn.Module):
-    def __init__(self, model: SpeechAttention):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, state, align, memory, keys, mask):
-        logits, new_state, alpha = self.model.step(y_prev, state, align, memory, keys, mask)
-        # the alignment is both the carried α_{i-1} of the next step and the attention output
-        return torch.log_softmax(logits, dim=-1), new_state, alpha, alpha.clone()
+def _decoder_step(model: SpeechAttention, *inputs: Tensor) -> tuple[Tensor, ...]:
+    """The served step; the alignment is both the carried α_{i-1} of the next step and the attention output."""
+    log_probs, new_state, alpha = log_probs_first(model.step(*inputs))
+    return log_probs, new_state, alpha, alpha.clone()

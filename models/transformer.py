@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import EncoderGraph, ExportSpec, register
+from models import register
+from models.decode import greedy
+from models.export import ExportSpec, graph, picked
 from models.layers import MultiHeadAttention, token_loss
 
 
@@ -196,37 +198,24 @@ class Transformer(nn.Module):
 
     def _greedy(self, batch: dict[str, Tensor], cached: bool) -> dict[str, Tensor]:
         enc = self.encode(batch["src"], batch["src_len"])
-        bsz = batch["src"].shape[0]
-        dev = enc["memory"].device
-        prefix = torch.full((bsz, 1), self.cfg.bos_id, dtype=torch.long, device=dev)  # [B,1]
         self_k, self_v = enc["self_k"], enc["self_v"]
-        done = torch.zeros(bsz, dtype=torch.bool, device=dev)
-        lengths = torch.full((bsz,), self.cfg.max_len, dtype=torch.long, device=dev)
-        tokens, heads, scores = [], [], []
-        for t in range(self.cfg.max_len):
+        prefix = batch["src"][:, :0]  # the tokens fed so far: [B,0]
+
+        def step(y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            nonlocal prefix, self_k, self_v
             if cached:
-                logits, attn, self_k, self_v = self.step(prefix[:, -1], self_k, self_v, enc["cross_k"],
-                                                         enc["cross_v"], enc["mask"])
+                logits, attn, self_k, self_v = self.step(y, self_k, self_v, enc["cross_k"], enc["cross_v"],
+                                                         enc["mask"])
             else:
+                prefix = torch.cat([prefix, y.unsqueeze(1)], dim=1)  # [B,t] -> [B,t+1]
                 logits, attn, _, _ = self.decode(prefix, enc, need_weights=True)
                 logits, attn = logits[:, -1], attn[:, :, :, -1]  # the last position: [B,V], [B,L,H,S]
             log_probs = torch.log_softmax(logits, dim=-1)
-            y = torch.where(done, torch.full_like(lengths, self.cfg.pad_id), log_probs.argmax(-1))
-            prefix = torch.cat([prefix, y.unsqueeze(1)], dim=1)  # [B,t+2]
-            tokens.append(y)
-            heads.append(attn)
-            scores.append(log_probs)
-            newly = (y == self.cfg.eos_id) & ~done
-            lengths = torch.where(newly, torch.full_like(lengths, t), lengths)
-            done = done | newly
-            if bool(done.all()):
-                break
-        heads = torch.stack(heads, dim=1)  # T x [B,L,H,S] -> [B,T,L,H,S]
-        return {"tokens": torch.stack(tokens, dim=1),  # T x [B] -> [B,T]
-                "lengths": lengths,
-                "attention": heads.mean(dim=(2, 3)),  # averaged over layers and heads: [B,T,S]
-                "attention_heads": heads,
-                "log_probs": torch.stack(scores, dim=1)}  # T x [B,V] -> [B,T,V]
+            return log_probs, {"attention_heads": attn, "log_probs": log_probs}
+
+        out = greedy(step, batch["src"].shape[0], enc["memory"].device, self.cfg)
+        out["attention"] = out["attention_heads"].mean(dim=(2, 3))  # averaged over layers and heads: [B,T,S]
+        return out
 
     @torch.no_grad()
     def predict(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -255,31 +244,22 @@ class Transformer(nn.Module):
         cross, cache = {0: "batch", 3: "src_len"}, {0: "batch", 3: "past"}
         names = ["memory", "mask", "cross_k", "cross_v", "self_k", "self_v"]
         return {
-            "encoder": ExportSpec(
-                EncoderGraph(self, names), (src, src_len), ["src", "src_len"], names,
-                {"src": bs, "src_len": {0: "batch"}, "memory": bs, "mask": bs, "cross_k": cross,
-                 "cross_v": cross, "self_k": {0: "batch"}, "self_v": {0: "batch"}},
-            ),
-            "decoder_step": ExportSpec(
-                _DecoderStep(self),
-                (torch.tensor([1, 1]), self_k, self_v, enc["cross_k"], enc["cross_v"], enc["mask"]),
-                ["y_prev", "self_k", "self_v", "cross_k", "cross_v", "mask"],
+            "encoder": graph(self, picked(names), {"src": src, "src_len": src_len}, names,
+                             {"src": bs, "src_len": {0: "batch"}, "memory": bs, "mask": bs, "cross_k": cross,
+                              "cross_v": cross, "self_k": {0: "batch"}, "self_v": {0: "batch"}}),
+            "decoder_step": graph(
+                self, _decoder_step,
+                {"y_prev": torch.tensor([1, 1]), "self_k": self_k, "self_v": self_v, "cross_k": enc["cross_k"],
+                 "cross_v": enc["cross_v"], "mask": enc["mask"]},
                 ["log_probs", "attention", "new_self_k", "new_self_v"],
-                # In input order: the exporter pairs these with the arguments by position.
                 {"y_prev": {0: "batch"}, "self_k": cache, "self_v": cache, "cross_k": cross,
                  "cross_v": cross, "mask": bs, "log_probs": {0: "batch"}, "attention": bs,
-                 "new_self_k": {0: "batch", 3: "past_plus_1"}, "new_self_v": {0: "batch", 3: "past_plus_1"}},
-            ),
+                 "new_self_k": {0: "batch", 3: "past_plus_1"}, "new_self_v": {0: "batch", 3: "past_plus_1"}}),
         }
 
 
-class _DecoderStep(nn.Module):
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, self_k, self_v, cross_k, cross_v, mask):
-        logits, attn, k, v = self.model.step(y_prev, self_k, self_v, cross_k, cross_v, mask)
-        # Log-probabilities (what greedy and beam search consume); attention averaged over
-        # layers and heads, the one alignment the seq2seq loop and the server return.
-        return torch.log_softmax(logits, dim=-1), attn.mean(dim=(1, 2)), k, v
+def _decoder_step(model: Transformer, *inputs: Tensor) -> tuple[Tensor, ...]:
+    """The served step: log-probabilities (what greedy and beam search consume), the attention averaged
+    over layers and heads (the one alignment the seq2seq loop and the server return), the cache."""
+    logits, attn, k, v = model.step(*inputs)
+    return torch.log_softmax(logits, dim=-1), attn.mean(dim=(1, 2)), k, v

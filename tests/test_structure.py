@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import models
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("models", "pipeline", "serving")
 MAX_LINES = 80  # docs/architecture.md: a function fits a screen
@@ -194,6 +196,8 @@ def _stage_entries():
 
 
 STAGES = list(_stage_entries())
+# What every model file imports: a stage that builds a model runs these whatever its architecture.
+SHARED_MODEL_FILES = ("models/__init__.py", *(f"models/{name}.py" for name in models.SHARED))
 # Files a stage runs that cannot change its outputs, left out of its deps on purpose: the file list of a
 # training run's identity (the key a checkpoint is resumed by) is train@'s deps exactly
 # (tests/test_train.py), and pipeline/sources.py only computes that list.
@@ -215,7 +219,7 @@ def test_every_stage_depends_on_the_code_it_runs():
                 continue
             if path.startswith("pipeline/tasks/") and any(d.startswith("data/task_code/") for d in deps):
                 continue
-            if arch and path.startswith("models/") and path not in ("models/__init__.py", "models/layers.py"):
+            if arch and path.startswith("models/") and path not in SHARED_MODEL_FILES:
                 continue  # another architecture's file (the CTranslate2 engine converts Transformers alone)
             missing.setdefault(path, []).append(name)
         if arch and "models/__init__.py" in files and f"models/{arch}.py" not in deps:
@@ -229,7 +233,7 @@ def test_the_stage_check_reads_every_stage():
     export = next(deps for name, _, deps, _ in STAGES if name == "export@bahdanau")
     assert {"runs/bahdanau/checkpoint", "models/bahdanau.py", "data/task_code/translation_de_en.json"} <= set(export)
     assert "pipeline/tasks/sort.py" in _reached("pipeline.tasks.sort")
-    assert "models/layers.py" in _reached("models.bahdanau")
+    assert {"models/layers.py", "models/decode.py", "models/export.py"} <= _reached("models.bahdanau")
 
 
 @pytest.mark.xdist_group("lanes")

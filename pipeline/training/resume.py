@@ -39,9 +39,9 @@ def checkpoint_seconds() -> float:
 # checks they agree), and the task's code (data/task_code/<task>.json lists the same files), so whenever
 # DVC re-runs train@ for a code change the loop starts over instead of taking a finished checkpoint of
 # other code as the result.
-TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/__init__.py", "pipeline/config.py",
-              "pipeline/checkpoint.py", "pipeline/files.py", "pipeline/tracking.py", "pipeline/training",
-              "pipeline/stages/train.py", "pipeline/entry.py")
+TRAIN_CODE = ("models/{arch}.py", "models/layers.py", "models/decode.py", "models/export.py", "models/__init__.py",
+              "pipeline/config.py", "pipeline/checkpoint.py", "pipeline/files.py", "pipeline/tracking.py",
+              "pipeline/training", "pipeline/stages/train.py", "pipeline/entry.py")
 
 
 def code_files(run: RunConfig) -> list[Path]:
