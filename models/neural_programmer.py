@@ -71,6 +71,8 @@ def one_hot_max(w: Tensor) -> Tensor:
 
 @register("neural_programmer", NeuralProgrammerConfig)
 class NeuralProgrammer(nn.Module):
+    serving = {"operations": OPERATIONS}  # published with the model: op_weights' last axis, by name
+
     def __init__(self, cfg: NeuralProgrammerConfig):
         super().__init__()
         self.cfg = cfg

@@ -44,10 +44,14 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
                     beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
         if run.evaluate.get("no_repeat_ngram"):  # only where set: other models' serving blocks stay byte-identical
             meta["no_repeat_ngram"] = int(run.evaluate["no_repeat_ngram"])
+    import models
     from pipeline.tasks import get_task
     from serving.kinds import kind_of
 
-    meta = {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving}
+    # What the server needs from the task (tokenizers, vocabularies) and from the model (its own names)
+    model_cls = next(e.model_cls for e in models.REGISTRY.values() if type(cfg) is e.config_cls)
+    model = getattr(model_cls, "serving", {})
+    meta = {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving, **model}
     return {"kind": kind_of(meta, graphs), **meta}  # which serving/kinds module runs it
 
 

@@ -39,6 +39,9 @@ class ServedModel(ABC):
     # outputs have the input's time steps on axis 1; every output has the input's rows on axis 0.
     output_axes: dict[int, tuple[str, int]] = {}
     memory = Memory()  # a version published before its memory was recorded: the conservative default
+    # Names along an output's last axis, {output: [name, ...]} (a Neural Programmer's operations):
+    # the metadata's parameters carry them, so a client labels what it draws.
+    labels: dict[str, list[str]] = {}
 
     def __init__(self, name: str, version: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
                  limits: Limits | None = None):
@@ -47,7 +50,8 @@ class ServedModel(ABC):
 
     def metadata(self, versions: list[int]) -> dict:
         return {"name": self.name, "versions": [str(v) for v in versions], "platform": self.platform,
-                "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
+                "inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs],
+                **({"parameters": {"labels": self.labels}} if self.labels else {})}
 
     def check_limits(self, shapes: dict[str, tuple[int, ...]], params: dict) -> None:
         """413 for a request over one of this model's limits, 400 for an empty input, from its

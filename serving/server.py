@@ -661,9 +661,12 @@ class Service:
         if model is None:
             model = repo.get(name, str(default) if default is not None else str(max(repo.versions(name))))
         # Beyond the protocol's fields: which version a request without one gets and why, the kind
-        # of input the model takes and its limits (over a limit: HTTP 413).
-        return {**model.metadata(repo.versions(name)), "parameters": {
-            "version": str(model.version), "default_version": None if default is None else str(default),
+        # of input the model takes and its limits (over a limit: HTTP 413), and the model's own
+        # (the names along an output's axis: ServedModel.labels).
+        described = model.metadata(repo.versions(name))
+        return {**described, "parameters": {
+            **described.get("parameters", {}), "version": str(model.version),
+            "default_version": None if default is None else str(default),
             "default_version_reason": why.format(name=name, version=max(repo.versions(name))),
             "kind": model.kind, "limits": model.limits.as_json(), "memory": model.memory.as_json(),
             "memory_budget_bytes": int(self.memory.budget)}}

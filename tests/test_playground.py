@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from models.neural_programmer import OPERATIONS
 from tests.conftest import ROOT, tiny_batch
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -363,6 +364,11 @@ def test_neural_programmer_answers_and_shows_each_steps_choice_and_the_servers_e
     assert (heatmap(page, "operations")["rows"], heatmap(page, "operations")["cols"]) == (steps, ops)
     assert close(heatmap(page, "columns")["values"], ref["col_weights"][0])
     assert count(page, "ol.program li") == steps
+    # each step names the operation the server's answer names, and the heatmap's columns are the names
+    program = [e.text for e in panel(page).find_elements("css selector", "ol.program li")]
+    assert [line.split(" (")[0] for line in program] == list(ref["operations"][0]), program
+    labels = attrs(page, 'svg[data-name="operations"] rect.cell', "data-label")
+    assert {label.split(" → ")[1].split(":")[0] for label in labels} == set(OPERATIONS), labels
     shoot(page, "table_question")
     # a word the model does not know: the page shows the server's own sentence
     fill(page, 'input[name="question"]', "sum banana")

@@ -316,6 +316,7 @@ def test_single_graph_model_is_served_under_its_own_name(server):
 
 
 def test_table_questions_in_text_match_pytorch(server):
+    from models.neural_programmer import OPERATIONS
     from pipeline.tasks.table_qa import VOCAB
 
     questions = ["sum of price where age greater than 40", "How many rows?", "last age where price lesser than 70"]
@@ -336,6 +337,9 @@ def test_table_questions_in_text_match_pytorch(server):
     np.testing.assert_allclose(got["answer"], np.where(lookup, 0.0, expected["scalar"].numpy()), atol=1e-4)
     assert np.array_equal(got["cells"], expected["lookup"].numpy() > 0.5)
     np.testing.assert_allclose(got["op_weights"], expected["op_weights"].numpy(), atol=1e-5)
+    # the operations by name: each step's in the answer, all of them in the metadata
+    assert got["operations"].tolist() == [[OPERATIONS[k] for k in row] for row in expected["op_weights"].argmax(-1)]
+    assert raw(server.url, "GET", "/v2/models/programmer")[1]["parameters"]["labels"] == {"op_weights": OPERATIONS}
     status, resp = raw(server.url, "POST", "/v2/models/programmer/infer", json.dumps({"inputs": [
         {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["what is the colour of price"]},
         {"name": "columns", "shape": [1, 3], "datatype": "BYTES", "data": ["price", "age", "rank"]},

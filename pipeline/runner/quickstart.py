@@ -34,14 +34,12 @@ def _bar(workdir: Path, name: str) -> str:
 def _answer(name: str, inputs: dict, outs: dict) -> list[str]:
     """A person's reading of one answer (the JSON that ``attnzoo predict`` prints holds the same)."""
     if name == "neural_programmer":
-        from models.neural_programmer import OPERATIONS
-
         cells = np.argwhere(outs["cells"][0])
         answer = (f"the cells at (row, column) {[tuple(map(int, c)) for c in cells]}" if outs["is_lookup"][0]
                   else f"{float(outs['answer'][0]):g}")
         columns = inputs["columns"][0]
-        steps = [f"step {t + 1}: operation '{OPERATIONS[int(o.argmax())]}', column '{columns[int(c.argmax())]}'"
-                 for t, (o, c) in enumerate(zip(outs["op_weights"][0], outs["col_weights"][0]))]
+        steps = [f"step {t + 1}: operation '{op}', column '{columns[int(c.argmax())]}'"
+                 for t, (op, c) in enumerate(zip(outs["operations"][0], outs["col_weights"][0]))]
         return [f"question: {inputs['question'][0]}", f"answer:   {answer}", *steps]
     if name == "pointer_sort":
         points = [round(float(p[0]), 3) for p in inputs["points"][0]]

@@ -25,12 +25,15 @@ class TableQuestionModel(ServedModel):
     def __init__(self, name: str, version: int, folder: Path, meta: dict, graphs: dict, limits=None):
         self.graph, self.serving = graphs["model"], meta["serving"]
         self.vocab = {w: i for i, w in enumerate(self.serving["vocabulary"])}
+        # A version published before its operations were named answers with their numbers.
+        self.labels = {"op_weights": list(self.serving["operations"])} if "operations" in self.serving else {}
         super().__init__(name, version, [
             TensorSpec("question", "BYTES", (-1,)), TensorSpec("columns", "BYTES", (-1, -1)),
             TensorSpec("table", "FP32", (-1, -1, -1))], [
             TensorSpec("answer", "FP32", (-1,)), TensorSpec("is_lookup", "BOOL", (-1,)),
-            TensorSpec("cells", "BOOL", (-1, -1, -1)), TensorSpec("op_weights", "FP32", (-1, -1, -1)),
-            TensorSpec("col_weights", "FP32", (-1, -1, -1))], limits)
+            TensorSpec("cells", "BOOL", (-1, -1, -1)), TensorSpec("operations", "BYTES", (-1, -1)),
+            TensorSpec("op_weights", "FP32", (-1, -1, -1)), TensorSpec("col_weights", "FP32", (-1, -1, -1))],
+            limits)
 
     def _ids(self, words: list[str], what: str) -> list[int]:
         unknown = sorted({w for w in words if w not in self.vocab})
@@ -68,7 +71,10 @@ class TableQuestionModel(ServedModel):
                           "table": table, "row_mask": np.ones(table.shape[:2], np.float32),
                           "pivot": np.array(pivots, np.float32)})
         lookup = out["is_lookup"].astype(bool)
+        # The operation each program step executed: its largest weight, as the hard program chose it.
+        names = self.labels.get("op_weights") or [f"operation {k}" for k in range(out["op_weights"].shape[-1])]
+        chosen = np.asarray(names, dtype=object)[out["op_weights"].argmax(-1)]  # [N,T] names
         # A lookup answer is the selected cells; its scalar is 0 (JSON has no NaN).
         return {"answer": (np.where(lookup, 0.0, out["scalar"]).astype(np.float32), "FP32"),
-                "is_lookup": (lookup, "BOOL"), "cells": (out["lookup"] > 0.5, "BOOL"),
+                "is_lookup": (lookup, "BOOL"), "cells": (out["lookup"] > 0.5, "BOOL"), "operations": (chosen, "BYTES"),
                 "op_weights": (out["op_weights"], "FP32"), "col_weights": (out["col_weights"], "FP32")}

@@ -618,7 +618,7 @@ const act = {
 
 const table = {
   title: "Neural Programmer",
-  help: "A question and a small table (first line: the column names); the answer and the operation and column each program step chose. Operations are numbered: their names are not in the served metadata.",
+  help: "A question and a small table (first line: the column names); the answer and the operation and column each program step chose.",
   build(ctx) {
     const question = el("input", {type: "text", name: "question", class: "wide", value: "first height"});
     const grid = el("textarea", {name: "table", rows: 8, class: "mono"},
@@ -636,10 +636,12 @@ const table = {
           cells.map((row, r) => el("tr", {}, row.map((v, c) => el("td", {class: picked[r * columns.length + c] ? "picked" : null, text: v}))))));
         const ops = rows(sub(o.op_weights, 0)), cols = rows(sub(o.col_weights, 0));
         const argmax = (a) => a.indexOf(Math.max(...a)), stepLabels = ops.map((_, t) => `step ${t + 1}`);
+        // the operations' names, as the model's metadata lists them (ServedModel.labels)
+        const names = ((ctx.meta.parameters || {}).labels || {}).op_weights || ops[0].map((_, k) => `operation ${k}`);
         out.append(el("ol", {class: "program"}, ops.map((w, t) => el("li", {"data-step": t},
-          `operation ${argmax(w)} (${fmt(w[argmax(w)], 2)}) on column ${columns[argmax(cols[t])]} (${fmt(cols[t][argmax(cols[t])], 2)})`))));
+          `${names[argmax(w)]} (${fmt(w[argmax(w)], 2)}) on column ${columns[argmax(cols[t])]} (${fmt(cols[t][argmax(cols[t])], 2)})`))));
         out.append(el("div", {class: "row"},
-          figure("operation choice per step", heatmap(ops, stepLabels, ops[0].map((_, k) => `op ${k}`), {name: "operations"})),
+          figure("operation choice per step", heatmap(ops, stepLabels, names, {name: "operations"})),
           figure("column choice per step", heatmap(cols, stepLabels, columns, {name: "columns"}))));
       });
     };
