@@ -56,10 +56,10 @@ class TrainConfig:
     eval_every: int = 0  # steps between validations; 0: once per epoch
     log_every: int = 50
     # Speed settings (OPT_IN_KEYS): how the recipe's arithmetic runs, not what it computes beyond rounding.
-    # Off by default; profiles/fast.yaml turns them on entry by entry where scripts/train_efficiency.py
-    # measured a gain. compile: the model method to torch.compile, "loss" (the whole step; for models whose
-    # loop lengths stay fixed) or the per-time-step method its loss loops over ("step", bahdanau's "_readout"),
-    # one graph reused at every time step; "" is off. Its compile time is paid in the first steps.
+    # Off by default; params.yaml turns them on entry by entry where scripts/train_efficiency.py measured a gain.
+    # compile: the model method to torch.compile, "loss" (the whole step; for models whose loop lengths stay
+    # fixed) or the per-time-step method its loss loops over ("step", bahdanau's "_readout"), one graph reused at
+    # every time step; "" is off. Its compile time is paid in the first steps.
     # fused_adamw: AdamW's fused kernel, one pass over all parameters instead of a loop over tensors.
     compile: str = ""
     fused_adamw: bool = False

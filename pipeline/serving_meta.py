@@ -14,6 +14,7 @@ import dataclasses
 from pipeline.config import RunConfig, UserError
 from pipeline.graphs import loop_kind
 from serving.admission import Limits, Memory
+from serving.decode import BEAM
 
 # How a server turns a task's raw input into graph inputs and back, for the first two tasks; later
 # tasks declare it as ``Task.serving``. These belong there too, but editing those task files re-runs
@@ -41,7 +42,7 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
         meta["glimpses"] = cfg.glimpses
     if meta["loop"] == "seq2seq":
         meta.update({k: getattr(cfg, k) for k in ("bos_id", "eos_id", "pad_id", "max_len")},
-                    beam=run.evaluate.get("beam", 5), length_penalty=run.evaluate.get("length_penalty", 1.0))
+                    beam=run.evaluate.get("beam", BEAM), length_penalty=run.evaluate.get("length_penalty", 1.0))
         if run.evaluate.get("no_repeat_ngram"):  # only where set: other models' serving blocks stay byte-identical
             meta["no_repeat_ngram"] = int(run.evaluate["no_repeat_ngram"])
     import models

@@ -1,10 +1,10 @@
 """What a training step's own matrix products allow: the ceiling on its share of the machine's peak.
 
-For each entry (default: the translation entries), ``--steps`` real training steps with its
-``profiles/fast.yaml`` settings, on 1 thread after a warm-up, run under ``torch.profiler``, which records
-every matrix product (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``) with its shapes, strides and dtypes.
-Each distinct product is then timed alone: fresh inputs of the same shapes, strides and dtypes, the
-fastest of repeated blocks. Per entry, written as its ``ceiling`` in ``docs/train_efficiency.json``:
+For each entry (default: the translation entries), ``--steps`` real training steps with its speed settings
+(this tree's params.yaml recipe: ``train_efficiency.fast_settings``), on 1 thread after a warm-up, run under
+``torch.profiler``, which records every matrix product (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``) with its
+shapes, strides and dtypes. Each distinct product is then timed alone: fresh inputs of the same shapes, strides
+and dtypes, the fastest of repeated blocks. Per entry, written as its ``ceiling`` in ``docs/train_efficiency.json``:
 
 - ``gemm_gflop``: the products' FLOPs a step (2·M·N·K each), and ``flop_share``, their share of the
   fast step's counted FLOPs (``fast_gflop_per_step``, else ``gflop_per_step``);

@@ -8,7 +8,7 @@ sentence length, as in Bahdanau et al.'s Fig. 2.
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --coverage 0.2 0.4 1.0
     python scripts/length_gap.py bahdanau bahdanau_none --sample all --no-repeat-ngram 3 --bootstrap 1000 --jobs 2
 
-Each run's ``checkpoint/best`` decodes with beam 5 through ``serving.decode.beam_search``, exactly as
+Each run's ``checkpoint/best`` decodes with its entry's beam width through ``serving.decode.beam_search``, exactly as
 ``evaluate@`` does, over ``--sample long`` (default: every test sentence of 21+ words and every fourth
 of the rest, 880 of the 2,501: the long buckets whole at about a third of the cost) or ``all``.
 Per length bucket it prints BLEU (sacrebleu), the brevity penalty, and the share of outputs that
@@ -71,7 +71,7 @@ def coverage_scores(step, enc: dict, nbest: list, bos: int, eos: int, beta: floa
 
 def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_penalty: float,
            betas: list[float], no_repeat: int = 0) -> dict[float, dict[int, str]]:
-    """Beam-5 translations of items[ids] per coverage weight (0: the beam's own choice)."""
+    """Beam translations (the entry's beam width) of items[ids] per coverage weight (0: the beam's own choice)."""
     import sentencepiece as spm
     import torch
     from tqdm import tqdm
@@ -79,10 +79,11 @@ def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_p
     from pipeline.checkpoint import load_model
     from pipeline.config import resolve
     from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search
+    from serving.decode import BEAM, beam_search
 
     torch.set_num_threads(1)
-    data_dir = resolve(name).data_dir
+    run = resolve(name)
+    data_dir, beam = run.data_dir, run.evaluate.get("beam", BEAM)
     model, _ = load_model(run_dir / "checkpoint" / "best")
     model.eval()
     sp = spm.SentencePieceProcessor(model_file=str(data_dir / "spm.en.model"))
@@ -90,10 +91,10 @@ def decode(name: str, run_dir: Path, ids: list[int], items: list[dict], length_p
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
     cfg = model.cfg
     out: dict[float, dict[int, str]] = {beta: {} for beta in [0.0, *betas]}
-    for i in tqdm(ids, desc=f"beam 5 {name}", mininterval=10):
+    for i in tqdm(ids, desc=f"beam {beam} {name}", mininterval=10):
         src = np.array([items[i]["src"]], dtype=np.int64)  # [1,S]
         lengths = np.array([src.shape[1]])
-        r = beam_search(enc, step, src, lengths, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=5,
+        r = beam_search(enc, step, src, lengths, cfg.bos_id, cfg.eos_id, cfg.max_len, beam=beam,
                         length_penalty=length_penalty, no_repeat_ngram=no_repeat)
         out[0.0][i] = sp.decode(r["tokens"].tolist())
         if betas:
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
             label = name if beta == 0 else f"{name} coverage {beta:g}"
             results[label], texts[label] = buckets(ids, items, by_item), by_item
     print(markdown(results, (runs[0][0], runs[1][0]) if len(runs) > 1 else None))
-    print(f"\n{len(ids)} test sentences, beam 5, length penalty {args.length_penalty:g}, "
+    print(f"\n{len(ids)} test sentences, each entry's beam width, length penalty {args.length_penalty:g}, "
           f"no repeated {args.no_repeat_ngram or '-'}-gram, "
           f"{time.monotonic() - started:.0f} s")
     boot = None

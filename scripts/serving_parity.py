@@ -29,7 +29,7 @@ from pipeline.tasks import get_task  # noqa: E402
 from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving.client import Client  # noqa: E402
-from serving.decode import beam_search, search_options  # noqa: E402
+from serving.decode import BEAM, beam_search, search_options  # noqa: E402
 
 
 def translation(client: Client, name: str, n: int) -> bool:
@@ -52,7 +52,7 @@ def translation(client: Client, name: str, n: int) -> bool:
             greedy_same += res["translation"] == en.decode(out["tokens"][row, : out["lengths"][row]].tolist())
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
-    beam = run.evaluate.get("beam", 5)
+    beam = run.evaluate.get("beam", BEAM)
     beam_same, worst = 0, 0.0
     for it in items:
         (res,) = client.translate(name, [it["src_text"]], "beam")

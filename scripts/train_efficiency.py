@@ -1,4 +1,4 @@
-"""Where each entry's training step goes, and how much faster the opt-in speed settings make it.
+"""Where each entry's training step goes, and how much faster the speed settings make it.
 
 For every params.yaml entry, at its committed sizes and training recipe (``runs/<name>/tuned.yaml``
 included), the real training step of ``pipeline.training.loop`` (forward, backward, gradient clipping,
@@ -11,9 +11,11 @@ AdamW, the schedule) is timed on the entry's own batches, in a fresh process per
 - ``outside_ops``: the share of a step's wall time spent outside PyTorch operators (Python, the autograd
   engine's bookkeeping, the optimizer's loop), from ``torch.profiler`` over a few steps: 1 minus the summed
   self time of every ``aten::`` operator, divided by the profiled wall time;
-- the same step with the entry's settings of ``profiles/fast.yaml`` (bf16 autocast, ``torch.compile``,
-  token batches ...): ``steps``, ``steps_per_s`` and ``compile_s`` (the warm-up's time beyond its steps'
-  steady cost), measured alternately with the baseline (``--repeats``, medians).
+- the same step with the entry's recipe in this tree's params.yaml where it differs from the baseline's
+  params.yaml (bf16 autocast, ``torch.compile``, fused AdamW ...; ``fast_settings``): ``steps``,
+  ``steps_per_s`` and ``compile_s`` (the warm-up's time beyond its steps' steady cost), measured alternately
+  with the baseline (``--repeats``, medians). The baseline is a checkout of the recipe before them
+  (``--baseline-code``: its code and its params.yaml).
 
 The data is the entry's task prepared small (2,000 training items, seeded as in params.yaml) under
 ``--work``; the translation corpus, built from Debian packages by ``prepare@translation_de_en``, is stood in for
@@ -24,8 +26,8 @@ rendering into docs/benchmarks.md is ``--table``.
     python scripts/bench_peak.py --out docs/peak.json
     python scripts/train_efficiency.py --out docs/train_efficiency.json          # every entry, ~40 min on 2 cores
     python scripts/train_efficiency.py --entries transformer ntm --repeats 1    # a few
-    # a shorter budget (max_steps in profiles/fast.yaml): its own run, trained and evaluated with the profile in a
-    # scratch checkout SCRATCH (`python -m pipeline.stages.train NAME`, then `... evaluate NAME`), recorded
+    # a shorter budget (a max_steps below the baseline's): its own run, trained and evaluated in a scratch
+    # checkout SCRATCH (`python -m pipeline.stages.train NAME`, then `... evaluate NAME`), recorded
     python scripts/train_efficiency.py --budget-run SCRATCH --entries ntm_recall
 """
 
@@ -101,16 +103,45 @@ def make_work(work: Path, entries: list[str]) -> Path:
         if tuned.exists():
             (work / "runs" / name).mkdir(parents=True, exist_ok=True)
             shutil.copy(tuned, work / "runs" / name / "tuned.yaml")
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # Both variants read the baseline's params.yaml; the fast one overrides it with fast_settings.
+    (work / "params.yaml").write_text(yaml.safe_dump(baseline_params(), sort_keys=False))
     return work
 
 
+def _params(variable: str, default: Path) -> dict:
+    return yaml.safe_load(Path(os.environ.get(variable) or default).read_text())
+
+
+def baseline_params() -> dict:
+    """The params.yaml the baseline trains with: $BASELINE_PARAMS, else the baseline checkout's
+    ($BASELINE_CODE), else this tree's (then there is nothing to compare)."""
+    return _params("BASELINE_PARAMS", Path(os.environ.get("BASELINE_CODE") or ROOT) / "params.yaml")
+
+
 def fast_settings(name: str) -> dict:
-    """The entry's overrides in profiles/fast.yaml, or the profile in $FAST_PROFILE ({} where it has none): its
-    train block's keys as they are, its model block's as ``model.<key>``."""
-    profile = yaml.safe_load(Path(os.environ.get("FAST_PROFILE", ROOT / "profiles" / "fast.yaml")).read_text())
-    blocks = (profile.get("models") or {}).get(name, {})
-    return {**blocks.get("train", {}), **{f"model.{k}": v for k, v in blocks.get("model", {}).items()}}
+    """What this tree's params.yaml ($FAST_PARAMS in place of it) trains ``name`` with beyond the baseline's:
+    each train key whose value differs, and each model key as ``model.<key>``, a side that leaves a key out
+    taking the loop's or the model's default."""
+    import dataclasses
+
+    import models
+    from pipeline.config import TrainConfig
+
+    fast, base = _params("FAST_PARAMS", ROOT / "params.yaml"), baseline_params()
+    if name not in base["models"]:
+        raise SystemExit(f"train_efficiency: the baseline's params.yaml has no entry {name}")
+    arch = fast["models"][name]["arch"]
+    loop = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    model = {f.name: f.default for f in dataclasses.fields(models.REGISTRY[arch].config_cls)}
+
+    def recipe(params: dict) -> tuple[dict, dict]:
+        entry = params["models"][name]
+        return ({**loop, **(params.get("train") or {}), **(entry.get("train") or {})},
+                {**model, **(entry.get("model") or {})})
+
+    (train, net), (train0, net0) = recipe(fast), recipe(base)
+    return {**{k: v for k, v in train.items() if train0.get(k) != v},
+            **{f"model.{k}": v for k, v in net.items() if net0.get(k) != v}}
 
 
 def step_count(name: str) -> int:
@@ -252,9 +283,9 @@ def rendered(path: Path = JSON_OUT) -> str:
              f"bf16 {peak['bf16']['1']['gflops']:,.0f} / {peak['bf16']['2']['gflops']:,.0f} on 1 / 2 threads. "
              "GFLOP a step: forward + backward; % of peak in the precision the entry trains in; outside ops: the "
              "share of a step outside PyTorch operators; steps/s on 1 thread (the zoo's placement: two stages "
-             "at once, a core each), median of alternate runs; *fast*: the entry's `profiles/fast.yaml` settings "
-             f"on this tree's code, against the baseline on the code of commit {kept['baseline_code']} (BASE: its "
-             "`git worktree`), "
+             "at once, a core each), median of alternate runs; *fast*: the entry's speed settings (what params.yaml "
+             "sets beyond the baseline's) on this tree's code, against the baseline on the code and params.yaml of "
+             f"commit {kept['baseline_code']} (BASE: its `git worktree`), "
              "compile seconds added once. Projected time: steps ÷ steps/s (+ compile). Loss Δ: the largest "
              "relative difference between the two variants' training losses on the same batches from the same "
              "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`). "
@@ -274,7 +305,7 @@ def rendered(path: Path = JSON_OUT) -> str:
                      f"| {_ceiling(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
     lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
-              f"{proj['fast_s']:,} s with `profiles/fast.yaml`: **{proj['ratio']:.2f}×**."
+              f"{proj['fast_s']:,} s with the speed settings: **{proj['ratio']:.2f}×**."
               f"{_budgets(kept)}{_ceilings(kept)}",
               "", END]
     return "\n".join(lines)
@@ -289,7 +320,7 @@ def last_quarter_fall(name: str) -> float:
 
 
 def _budgets(kept: dict) -> str:
-    """One sentence on the budgets: the entries the fast profile stops sooner (a shorter budget or patience), and
+    """One sentence on the budgets: the entries the speed settings stop sooner (a shorter budget or patience), and
     of the rest, those whose validation still fell late (they keep their steps) and those flat."""
     entries = kept["entries"]
     shorter = {n: e for n, e in entries.items() if e["steps"] < e["baseline_steps"]}
@@ -298,7 +329,7 @@ def _budgets(kept: dict) -> str:
     climbing = [v for v in falls.values() if v >= FLAT]
     cut = "; ".join(f"{n} ({e['baseline_steps']:,} → {e['steps']:,}{_budget_evidence(e)})" for n, e in shorter.items())
     many = f"{len(shorter)} entries train" if len(shorter) != 1 else "1 entry trains"
-    return (f" Budgets: {many} fewer steps with the fast profile: {cut or 'none'}. Of the "
+    return (f" Budgets: {many} fewer steps with the speed settings: {cut or 'none'}. Of the "
             f"rest, {len(climbing)} entries' validation loss still fell by {min(climbing):.1%}–{max(climbing):.0%}"
             f" over their last quarter of steps, so they keep their steps (a longer budget could buy quality); flat "
             f"(under {FLAT:.0%}): {', '.join(flat) or 'none'}.")
@@ -485,7 +516,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-train-efficiency"))
     ap.add_argument("--peak", type=Path, default=ROOT / "docs" / "peak.json", help="scripts/bench_peak.py's output")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "train_efficiency.json")
-    ap.add_argument("--profile", type=Path, help="another profile to measure than profiles/fast.yaml")
     ap.add_argument("--render-docs", action="store_true", help="only rewrite docs/benchmarks.md's block from --out")
     ap.add_argument("--baseline-code", type=Path,
                     help="a checkout whose code runs the baseline (git worktree add DIR COMMIT); default: this one")
@@ -494,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                          "included) and record that as the entries' learns_the_same, measuring no speed")
     ap.add_argument("--budget-run", type=Path, metavar="ROOT",
                     help="record the named entries' shorter budgets from a checkout whose runs/<entry> were trained "
-                         "and evaluated with profiles/fast.yaml (its max_steps) into --out")
+                         "and evaluated with this tree's params.yaml (its max_steps) into --out")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--code", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -510,8 +540,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.config import load_params
 
-    if args.profile:
-        os.environ["FAST_PROFILE"] = str(args.profile.resolve())  # the children read it
     if args.baseline_code:
         os.environ["BASELINE_CODE"] = str(args.baseline_code.resolve())
     if not args.peak.exists():
@@ -568,14 +596,14 @@ def _learning_only(args, names: list[str], old: dict) -> int:
 
 def _budget_runs_only(args, names: list[str]) -> int:
     """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``.
-    A budget changed in profiles/fast.yaml since the speed run is taken as it is: ``max_steps`` leaves the step
+    A budget changed in params.yaml since the speed run is taken as it is: ``max_steps`` leaves the step
     time alone, so the entry's steps, ratio and the projection follow it; any other change needs a speed run."""
     kept = json.loads(args.out.read_text())
     for name in names:
         entry = kept["entries"][name]
         now = fast_settings(name)
         if _without_budget(now) != _without_budget(entry["fast_settings"]):
-            raise SystemExit(f"train_efficiency: {name}'s settings in profiles/fast.yaml differ from those measured by "
+            raise SystemExit(f"train_efficiency: {name}'s settings in params.yaml differ from those measured by "
                              f"more than max_steps; measure it again with --entries {name}")
         entry.update(fast_settings=now, steps=fast_steps(name, now))
         entry["ratio"] = ratio(entry)

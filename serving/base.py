@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from serving.admission import Limits, Memory, over_budget, over_limit
+from serving.decode import BEAM
 from serving.protocol import ONNX_TYPES, RequestError, TensorSpec
 from serving.runtime import OrtGraph
 
@@ -122,9 +123,10 @@ class ServedModel(ABC):
         """Run on validated inputs; raise RequestError for input the model cannot take."""
 
 
-def decode_params(params: dict, mode: str, beam: int) -> tuple[str, int]:
-    """The request's ``decode`` and ``beam`` parameters, checked; the arguments are the defaults."""
-    mode, beam = params.get("decode", mode), params.get("beam", beam)
+def decode_params(params: dict, mode: str, serving: dict) -> tuple[str, int]:
+    """The request's ``decode`` and ``beam`` parameters, checked; ``mode`` is the kind's default decoding,
+    the version's serving block its beam width."""
+    mode, beam = params.get("decode", mode), params.get("beam", serving.get("beam", BEAM))
     if mode not in ("beam", "greedy"):
         raise RequestError("parameter 'decode' must be 'beam' or 'greedy'")
     if not isinstance(beam, int) or isinstance(beam, bool) or beam < 1:

@@ -23,6 +23,10 @@ import numpy as np
 
 from serving.admission import current_deadline, deadline_carried
 
+# Beam search's width where a model's params.yaml evaluate block sets none: the one default of evaluation
+# (pipeline/config.py), of the published serving block and of the server.
+BEAM = 5
+
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Loop = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -143,7 +147,7 @@ def search_options(settings: Mapping) -> dict:
 
 
 def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
-                eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0, no_repeat_ngram: int = 0
+                eos: int, max_len: int, beam: int = BEAM, length_penalty: float = 1.0, no_repeat_ngram: int = 0
                 ) -> dict[str, np.ndarray]:
     """Beam search for one input (src [1,S], or a dict of the encoder's inputs with batch 1, as in
     :func:`greedy`); hypotheses are ranked by
@@ -159,7 +163,7 @@ def beam_search(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np
 
 
 def beam_search_batch(encoder: Graph, step: Graph, src: np.ndarray | dict, src_len: np.ndarray | None, bos: int,
-                      eos: int, max_len: int, beam: int = 5, length_penalty: float = 1.0, no_repeat_ngram: int = 0
+                      eos: int, max_len: int, beam: int = BEAM, length_penalty: float = 1.0, no_repeat_ngram: int = 0
                       ) -> list[dict[str, np.ndarray]]:
     """:func:`beam_search` of N inputs at once (src [N,S] right-padded with src_len [N], or a dict of
     the encoder's inputs with batch N): one encoder call, then one step call per position for the

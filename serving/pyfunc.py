@@ -13,6 +13,7 @@ from typing import Any
 import mlflow.pyfunc
 import numpy as np
 
+from serving.decode import BEAM
 from serving.protocol import DATATYPES  # v2 datatypes -> numpy (BYTES: Python strings)
 
 DECODING_KINDS = ("translation", "image_caption", "text_image", "audio", "points")  # take decode / beam
@@ -39,15 +40,17 @@ class PublishedModel(mlflow.pyfunc.PythonModel):
         return self.client.infer(self.name, dict(model_input), self.version, parameters=given or None)
 
 
-def signature(metadata: dict, kind: str | None, beam: int = 5):
+def signature(metadata: dict, kind: str | None, serving: dict):
     """The MLflow signature of a served model from its Open Inference Protocol metadata (dynamic
-    axes stay -1) and, for decoding kinds, the ``decode`` and ``beam`` parameters."""
+    axes stay -1) and, for decoding kinds, the ``decode`` and ``beam`` parameters (the version's
+    serving block's beam width)."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
     def schema(specs: list[dict]) -> Schema:
         return Schema([TensorSpec(np.dtype(DATATYPES[s["datatype"]]), tuple(s["shape"]), s["name"]) for s in specs])
 
+    beam = int(serving.get("beam", BEAM))
     params = ParamSchema([ParamSpec("decode", "string", "beam"), ParamSpec("beam", "long", beam)]) \
         if kind in DECODING_KINDS else None
     return ModelSignature(schema(metadata["inputs"]), schema(metadata["outputs"]), params)

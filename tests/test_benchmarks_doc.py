@@ -147,7 +147,7 @@ def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
 
 def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_other_changes(tmp_path, monkeypatch):
     """``--budget-run`` records a shorter budget's own run; a changed max_steps leaves the measured step rates alone,
-    so the entry's steps, ratio and the projection follow the profile, while any other change asks for a speed run."""
+    so the entry's steps, ratio and the projection follow params.yaml, while any other change asks for a speed run."""
     import yaml
 
     kept = json.loads(train_efficiency.JSON_OUT.read_text())
@@ -159,9 +159,17 @@ def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_othe
     (run / "train_summary.json").write_text(json.dumps({"steps": 6000, "best_val_loss": 0.002, "best_step": 6000}))
     bar = {"metric": "bit_errors_40", "op": "<=", "value": 1.0, "measured": 0.0, "passed": True}
     (run / "metrics.json").write_text(json.dumps({"bar": {"passed": True, "conditions": [bar]}}))
-    profile = tmp_path / "fast.yaml"
-    monkeypatch.setenv("FAST_PROFILE", str(profile))
-    profile.write_text(yaml.safe_dump({"models": {"ntm": {"train": {**ntm["fast_settings"], "max_steps": 6000}}}}))
+    # The recipe measured against this tree's: ntm's with another max_steps (and ntm's measured settings).
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    monkeypatch.setenv("BASELINE_PARAMS", str(ROOT / "params.yaml"))
+    recipe = tmp_path / "params.yaml"
+    monkeypatch.setenv("FAST_PARAMS", str(recipe))
+
+    def with_ntm_train(train: dict) -> None:
+        ntm_entry = {**params["models"]["ntm"], "train": {**params["models"]["ntm"]["train"], **train}}
+        recipe.write_text(yaml.safe_dump({**params, "models": {**params["models"], "ntm": ntm_entry}}))
+
+    with_ntm_train({**ntm["fast_settings"], "max_steps": 6000})
     args = ["--entries", "ntm", "--budget-run", str(tmp_path / "scratch"), "--out", str(out)]
     assert train_efficiency.main(args) == 0
     got = json.loads(out.read_text())
@@ -177,7 +185,7 @@ def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_othe
     assert got["projected"] == train_efficiency.projected(got["entries"])
     assert got["projected"]["fast_s"] < kept["projected"]["fast_s"]
     # Another setting changed: the measured rate is not this recipe's.
-    profile.write_text(yaml.safe_dump({"models": {"ntm": {"train": {"precision": "bf16", "max_steps": 6000}}}}))
-    with pytest.raises(SystemExit, match=r"ntm's settings in profiles/fast.yaml differ from those measured by more "
+    with_ntm_train({"precision": "bf16", "max_steps": 6000})
+    with pytest.raises(SystemExit, match=r"ntm's settings in params.yaml differ from those measured by more "
                                          r"than max_steps; measure it again with --entries ntm"):
         train_efficiency.main(args)

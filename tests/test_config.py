@@ -77,3 +77,26 @@ def test_later_stages_take_what_training_decided_from_the_checkpoint(root):
     (best / "config.json").write_text(json.dumps(saved))
     with pytest.raises(UserError, match=r"trained by other code \(train keys lr_typo"):
         at_run_dir(resolve("m", root=root), root / "adhoc")
+
+
+def test_params_yaml_holds_only_what_differs_from_the_defaults():
+    """A key of params.yaml's train blocks equal to TrainConfig's default, or of a model block equal to its
+    config dataclass's default, is a second home of that value: an edit of the dataclass would leave params.yaml
+    silently restating the old one (docs/architecture.md §4). Every key is one the loop or the model knows."""
+    import dataclasses
+
+    import models
+    from pipeline.config import ROOT, TrainConfig, load_params
+
+    params = load_params(ROOT)
+    loop = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    restated = [f"train.{k}" for k, v in (params.get("train") or {}).items() if loop[k] == v]
+    for name, entry in params["models"].items():
+        model = {f.name: f.default for f in dataclasses.fields(models.REGISTRY[entry["arch"]].config_cls)}
+        for block, defaults in (("train", loop), ("model", model)):
+            values = entry.get(block) or {}
+            assert set(values) <= set(defaults), f"{name}.{block}: unknown {sorted(set(values) - set(defaults))}"
+            restated += [f"{name}.{block}.{k}" for k, v in values.items() if defaults[k] == v]
+    assert not restated, f"these params.yaml keys restate their defaults; remove them: {restated}"
+    # every entry keeps its blocks, empty or not: dvc.yaml lists models.<name>.model and .train as params
+    assert all(isinstance(entry.get(b), dict) for entry in params["models"].values() for b in ("model", "train"))

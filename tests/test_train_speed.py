@@ -1,6 +1,6 @@
-"""The training loop's opt-in settings (profiles/fast.yaml): off by default and then recorded nowhere, so a
-default run trains and checkpoints exactly as before them; when on, they keep what the run learns (fused
-AdamW, a compiled step) or stop it as documented (patience)."""
+"""The training loop's speed settings (TrainConfig's OPT_IN_KEYS, on where params.yaml sets them): off by
+default and then recorded nowhere, so a run without them trains and checkpoints exactly as before them; when
+on, they keep what the run learns (fused AdamW, a compiled step) or stop it as documented (patience)."""
 
 from __future__ import annotations
 
@@ -256,30 +256,6 @@ def test_compile_names_a_method_of_the_model(ntm_copy_root):
     with pytest.raises(UserError, match="train.compile is 'forwardd', which this model does not have"):
         train(run, root / "bad", progress=False)
 
-
-
-def test_the_fast_profile_changes_only_the_train_and_model_blocks_it_names():
-    import dataclasses
-
-    import models
-    from pipeline import profiles
-    from pipeline.config import TrainConfig, load_params
-
-    params = load_params()
-    fast = profiles.load("fast")
-    applied = profiles.apply(params, fast)
-    assert list(applied["models"]) == list(params["models"])  # every entry, as params.yaml has them
-    for name, entry in applied["models"].items():
-        blocks = (fast.get("models") or {}).get(name, {})
-        assert set(blocks) <= {"train", "model"}, name
-        for block in ("train", "model"):
-            assert entry.get(block, {}) == {**params["models"][name].get(block, {}), **blocks.get(block, {})}, name
-        assert {k: v for k, v in entry.items() if k not in ("train", "model")} == \
-            {k: v for k, v in params["models"][name].items() if k not in ("train", "model")}, name
-        TrainConfig(**{**params["train"], **entry["train"]})  # every key one the loop knows
-        models.make_config(entry["arch"], entry.get("model", {}))  # and one the model knows
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert {k for e in (fast.get("models") or {}).values() for k in e.get("train", {})} <= fields
 
 
 def test_the_gemm_ceiling_counts_each_computed_product_once_and_times_it_in_its_layout():

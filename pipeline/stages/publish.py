@@ -303,7 +303,7 @@ def register(name: str, version_dir: Path, meta: dict, promote: bool, descriptio
             name="model", python_model=str(SERVING_DIR / "pyfunc_model.py"),
             model_config={"name": name, "version": version}, artifacts={"repository": str(staged)},
             code_paths=[str(SERVING_DIR)], pip_requirements=requirements, input_example=input_example(served),
-            signature=signature(served, kind_of(meta["serving"], meta["graphs"]), meta["serving"].get("beam", 5)))
+            signature=signature(served, kind_of(meta["serving"], meta["graphs"]), meta["serving"]))
     client = mlflow.MlflowClient()
     try:
         client.get_registered_model(name)

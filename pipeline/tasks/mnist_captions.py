@@ -211,7 +211,7 @@ def evaluate_captions(model, run, plots: Path, task: MnistCaptionsTask) -> tuple
 
     from pipeline import plots as P
     from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search, search_options
+    from serving.decode import BEAM, beam_search, search_options
 
     items = task.load(run.data_dir, "test")
     limit = run.evaluate.get("max_images")
@@ -227,7 +227,7 @@ def evaluate_captions(model, run, plots: Path, task: MnistCaptionsTask) -> tuple
             greedy_maps.append(out["attention"][row, :n].reshape(n, *model.grid).numpy())  # [T,L] -> [T,h,w]
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
-    beam = run.evaluate.get("beam", 3)
+    beam = run.evaluate.get("beam", BEAM)
     beam_words = []
     for it in tqdm(items, desc=f"beam {beam} {run.name}", mininterval=5):
         image = (it["image"][None].astype(np.float32) / 255.0)  # [1,H,W]

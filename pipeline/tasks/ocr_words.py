@@ -187,11 +187,13 @@ class OcrWordsTask(Task):
         per-letter attention over the image for a few test words."""
         from pipeline import plots as P
         from pipeline.tasks.common.recognition import score_set
+        from serving.decode import BEAM
 
         items = self.load(run.data_dir, "test")
         limit = run.evaluate.get("max_images")
         items = items[:limit] if limit else items
-        metrics, greedy, maps = score_set(model, run, self, items, VOCAB, "font", run.evaluate.get("beam", 3), "test")
+        beam = run.evaluate.get("beam", BEAM)
+        metrics, greedy, maps = score_set(model, run, self, items, VOCAB, "font", beam, "test")
         rows = model.annotation_rows  # attention is over rows × feature columns, row-major
         for n in range(min(6, len(items))):
             letters = (list(greedy[n]) + ["</s>"])[: maps[n].shape[0]]  # no EOS step when max_len ran out

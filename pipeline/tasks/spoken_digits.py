@@ -151,8 +151,9 @@ class SpokenDigitsTask(Task):
         strings, CER per voice and by length, and alignment plots of both."""
         from pipeline import plots as P
         from pipeline.tasks.common.recognition import score_set
+        from serving.decode import BEAM
 
-        beam = run.evaluate.get("beam", 3)
+        beam = run.evaluate.get("beam", BEAM)
         limit = run.evaluate.get("max_utterances")
         metrics, by_length = {}, {}
         for split in ("test", "test_long"):

@@ -37,7 +37,7 @@ class SpeechModel(ServedModel):
             TensorSpec("text", "BYTES", (-1,)), TensorSpec("alignment", "FP32", (-1, -1, -1))], limits)
 
     def infer(self, feeds, params):
-        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        mode, beam = decode_params(params, "beam", self.serving)
         audio = feeds["audio"].astype(np.float32)
         n, full = audio.shape
         rate = int(self.serving.get("sample_rate", 16000))

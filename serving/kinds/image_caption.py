@@ -35,7 +35,7 @@ class CaptionModel(ServedModel):
             TensorSpec("attention", "FP32", (-1, -1, -1, -1))], limits)
 
     def infer(self, feeds, params):
-        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        mode, beam = decode_params(params, "beam", self.serving)
         images = feeds["image"].astype(np.float32)
         check_pixels("image", images)
         s, n = self.serving, images.shape[0]

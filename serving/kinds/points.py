@@ -33,7 +33,7 @@ class PointerModel(ServedModel):
             TensorSpec("attention", "FP32", (-1, -1, -1))], limits)
 
     def infer(self, feeds, params):
-        mode, beam = decode_params(params, "greedy", self.serving.get("beam", 3))
+        mode, beam = decode_params(params, "greedy", self.serving)
         points = feeds["points"].astype(np.float32)
         sets, n = points.shape[0], points.shape[1]
         if n == 0 or n + 1 > self.serving["max_len"]:

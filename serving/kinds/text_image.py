@@ -37,7 +37,7 @@ class TextImageModel(ServedModel):
             TensorSpec("attention", "FP32", (-1, -1, -1, -1))], limits)
 
     def infer(self, feeds, params):
-        mode, beam = decode_params(params, "beam", self.serving.get("beam", 3))
+        mode, beam = decode_params(params, "beam", self.serving)
         images = feeds["image"].astype(np.float32)
         n, _, full = images.shape
         over_limit("the pixels of an image", self.height * full, "image_pixels", self.limits.image_pixels)

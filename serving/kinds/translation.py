@@ -78,7 +78,7 @@ class TranslationModel(ServedModel):
         if feeds is None or "text" not in feeds:
             return texts, 1, 0
         steps = max((len(str(t)) for t in feeds["text"].reshape(-1)), default=0) + 2
-        mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
+        mode, beam = decode_params(params, "beam", self.serving)
         if mode == "beam":
             texts = min(texts, max(1, BEAM_ROWS // beam))  # the texts of one chunk run at once
             return texts, steps, texts * beam
@@ -121,7 +121,7 @@ class TranslationModel(ServedModel):
         return out
 
     def infer(self, feeds, params):
-        mode, beam = decode_params(params, "beam", self.serving.get("beam", 5))
+        mode, beam = decode_params(params, "beam", self.serving)
         nbest = params.get("nbest", 1)
         if not isinstance(nbest, int) or isinstance(nbest, bool) or not 1 <= nbest <= beam:
             raise RequestError(f"parameter 'nbest' must be an integer from 1 to the beam size ({beam})")

@@ -119,7 +119,7 @@ def evaluate_pointer(task: PointerTask, model, run, plots: Path) -> tuple[dict, 
     from serving import decode
 
     sizes = json.loads((run.data_dir / "manifest.json").read_text())["test_n"]
-    beam = int(run.evaluate.get("beam", 3))
+    beam = int(run.evaluate.get("beam", decode.BEAM))
     beam_limit = int(run.evaluate.get("beam_examples", 500))
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])

@@ -182,7 +182,9 @@ def evaluate_translation(model, run, plots: Path) -> tuple[dict, dict]:
     sp = {s: spm.SentencePieceProcessor(model_file=str(run.data_dir / f"spm.{s}.model")) for s in ("de", "en")}
     cfg = model.cfg
     hyp_greedy = greedy_translate(model, task, items, sp["en"])
-    beam = run.evaluate.get("beam", 5)
+    from serving.decode import BEAM
+
+    beam = run.evaluate.get("beam", BEAM)
     beam_out = beam_translate(model, items, run.evaluate, desc=f"beam {beam} {run.name}")
     refs = [it["tgt_text"] for it in items]
     hyp_beam = [sp["en"].decode(o["tokens"].tolist()) for o in beam_out]
@@ -268,7 +270,7 @@ def beam_translate(model, items: list[dict], options: dict, desc: str = "beam") 
     from tqdm.auto import tqdm
 
     from pipeline.graphs import TorchGraph
-    from serving.decode import beam_search, search_options
+    from serving.decode import BEAM, beam_search, search_options
 
     cfg, specs = model.cfg, model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
@@ -276,7 +278,7 @@ def beam_translate(model, items: list[dict], options: dict, desc: str = "beam") 
     for it in tqdm(items, desc=desc, mininterval=5):
         src = np.array([it["src"]], dtype=np.int64)
         out.append(beam_search(enc, step, src, np.array([src.shape[1]]), cfg.bos_id, cfg.eos_id, cfg.max_len,
-                               beam=options.get("beam", 5), **search_options(options)))
+                               beam=options.get("beam", BEAM), **search_options(options)))
     return out
 
 
