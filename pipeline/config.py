@@ -193,16 +193,19 @@ def resolve(
     except TypeError as err:
         known = [f.name for f in dataclasses.fields(TrainConfig)]
         raise UserError(f"{name}: bad train config ({err}); valid keys: {known}") from err
-    if entry.get("engine", "onnxruntime") not in ENGINES:
-        raise UserError(f"{name}: engine {entry['engine']!r} is not one of {', '.join(ENGINES)}")
-    return RunConfig(
-        name=name, arch=entry["arch"], task=entry["task"], model=model_cfg, train=train,
-        data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
-        parity=entry.get("parity", {}), bar=entry.get("bar", {}),
-        evaluate=entry.get("evaluate", {}),
-        limits={**(params.get("serving") or {}).get("limits", {}), **entry.get("limits", {})},
-        engine=entry.get("engine", "onnxruntime"),
-    )
+    return RunConfig(name=name, arch=entry["arch"], task=entry["task"], model=model_cfg, train=train,
+                     data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
+                     **_stage_blocks(name, entry, params))
+
+
+def _stage_blocks(name: str, entry: dict, params: dict) -> dict:
+    """The entry's blocks the stages after training read (their DVC params), as RunConfig fields."""
+    engine = entry.get("engine", "onnxruntime")
+    if engine not in ENGINES:
+        raise UserError(f"{name}: engine {engine!r} is not one of {', '.join(ENGINES)}")
+    return {"parity": entry.get("parity", {}), "bar": entry.get("bar", {}), "evaluate": entry.get("evaluate", {}),
+            "limits": {**(params.get("serving") or {}).get("limits", {}), **entry.get("limits", {})},
+            "engine": engine}
 
 
 @dataclass
@@ -269,34 +272,35 @@ def results_dir(run: RunConfig) -> Path:
     return run.run_dir / "results" / run.task
 
 
-def at_run_dir(run: RunConfig, folder: Path | None) -> RunConfig:
-    """``run`` as a stage after training sees it: reading and writing ``folder`` (a ``train --out``
-    folder) instead of ``runs/<name>`` when given, and with what training decided read from its checkpoint."""
-    if folder is not None:
-        folder = Path(folder)
-        if not (folder / "checkpoint" / "best").is_dir():
-            raise UserError(f"{folder} holds no trained model (checkpoint/best); pass the folder "
-                            f"`attnzoo train {run.name} --out DIR` wrote")
-        run = dataclasses.replace(run, run_dir=folder)
-    return trained_as(run)
+def trained(name: str, folder: Path | None = None, root: Path = ROOT, params: dict | None = None) -> RunConfig:
+    """The one config of the stages after training (evaluate, export, quantize, publish): what training decided,
+    read from the checkpoint's ``config.json`` (arch, task, model and training config, ``--set`` and tuned values
+    included), and the entry's own blocks of params.yaml for the rest (evaluate, parity, bar, limits, engine: those
+    stages' DVC params, so a changed bar re-runs evaluate@ with the new bar). Nothing else is merged: neither the
+    prepared task's facts nor tuned.yaml, which the checkpoint already holds.
 
-
-def trained_as(run: RunConfig) -> RunConfig:
-    """``run`` with the arch, task, model and training config its checkpoint was trained with (the
-    ``config.json`` beside the weights: ``--set`` overrides and tuned values included), where one exists.
-    The later stages' own blocks (evaluate, parity, bar, limits, engine) stay params.yaml's: they are
-    those stages' DVC params, so a changed bar re-runs evaluate@ with the new bar."""
-    path = run.run_dir / "checkpoint" / "best" / "config.json"
+    ``folder``: a ``train --out`` folder in place of ``runs/<name>``; its outputs go there too.
+    """
+    root = Path(root)
+    params = params if params is not None else load_params(root)
+    entry = (params.get("models") or {}).get(name)
+    if entry is None:
+        raise UserError(f"unknown model entry '{name}'; params.yaml lists: {', '.join(params.get('models') or {})}")
+    run_dir = Path(folder) if folder is not None else root / "runs" / name
+    path = run_dir / "checkpoint" / "best" / "config.json"
     if not path.is_file():
-        return run
+        raise UserError(f"{run_dir} holds no trained model (checkpoint/best); "
+                        + (f"pass the folder `attnzoo train {name} --out DIR` wrote" if folder is not None
+                           else f"run `dvc repro train@{name}` first"))
     saved = json.loads(path.read_text())
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(saved["train"]) - known)
     if unknown:
         raise UserError(f"{path} was trained by other code (train keys {', '.join(unknown)} are unknown here): "
-                        f"retrain it (`dvc repro train@{run.name}`) or use the code that trained it")
-    return dataclasses.replace(run, arch=saved["arch"], task=saved["task"], model=saved["model"],
-                               train=TrainConfig(**saved["train"]), data_dir=run.data_dir.parent / saved["task"])
+                        f"retrain it (`dvc repro train@{name}`) or use the code that trained it")
+    return RunConfig(name=name, arch=saved["arch"], task=saved["task"], model=saved["model"],
+                     train=TrainConfig(**saved["train"]), data_dir=root / "data" / "prepared" / saved["task"],
+                     run_dir=run_dir, **_stage_blocks(name, entry, params))
 
 
 def as_dict(run: RunConfig) -> dict:

@@ -58,25 +58,29 @@ def test_missing_prepared_data(root):
 def test_later_stages_take_what_training_decided_from_the_checkpoint(root):
     """``train m --set model.memory_size=24 lr=0.5 --out DIR``, then ``evaluate m --run DIR``: the stage
     sees the trained config (the checkpoint's ``config.json``), and params.yaml's own blocks for the rest."""
-    from pipeline.config import as_dict, at_run_dir
+    from pipeline.config import as_dict, trained
 
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["models"]["m"]["bar"] = [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
     (root / "params.yaml").write_text(yaml.safe_dump(params))
-    trained = resolve("m", root=root, overrides={"model.memory_size": 24, "lr": 0.5})
+    done = resolve("m", root=root, overrides={"model.memory_size": 24, "lr": 0.5})
     best = root / "adhoc" / "checkpoint" / "best"
     best.mkdir(parents=True)
-    (best / "config.json").write_text(json.dumps(as_dict(trained)))
-    run = at_run_dir(resolve("m", root=root), root / "adhoc")
+    (best / "config.json").write_text(json.dumps(as_dict(done)))
+    run = trained("m", root / "adhoc", root=root)
     assert (run.model["memory_size"], run.train.lr, run.run_dir) == (24, 0.5, root / "adhoc")
-    assert run.bar == trained.bar == [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
-    # No checkpoint (yet): params.yaml's resolution as it is.
-    assert at_run_dir(resolve("m", root=root), None).model["memory_size"] == 16
+    assert run.bar == done.bar == [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
+    # Neither the task's facts nor tuned.yaml are read again: the checkpoint holds what they gave.
+    (root / "data" / "prepared" / "copy" / "manifest.json").unlink()
+    assert trained("m", root / "adhoc", root=root).model == done.model
+    # No checkpoint (yet): nothing to evaluate, said in one sentence.
+    with pytest.raises(UserError, match=r"holds no trained model \(checkpoint/best\); run `dvc repro train@m` first"):
+        trained("m", root=root)
     saved = json.loads((best / "config.json").read_text())
     saved["train"]["lr_typo"] = 1
     (best / "config.json").write_text(json.dumps(saved))
     with pytest.raises(UserError, match=r"trained by other code \(train keys lr_typo"):
-        at_run_dir(resolve("m", root=root), root / "adhoc")
+        trained("m", root / "adhoc", root=root)
 
 
 def test_params_yaml_holds_only_what_differs_from_the_defaults():

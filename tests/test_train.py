@@ -231,7 +231,7 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
     none to the pipeline's runs/, results/, model_repository/ or MLflow registry."""
     import sqlite3
 
-    from pipeline.config import UserError, at_run_dir, load_params
+    from pipeline.config import UserError, load_params, trained
     from pipeline.stages.evaluate import evaluate
     from pipeline.stages.export import export
     from pipeline.stages.publish import publish
@@ -242,7 +242,7 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
                      "test_size": 16, "test_lengths": [10, 20, 40]}, root / "data" / "prepared" / "copy")
     adhoc = root / "adhoc"
     train(resolve("ntm", root=root), adhoc, progress=False)
-    run = at_run_dir(resolve("ntm", root=root), adhoc)
+    run = trained("ntm", adhoc, root=root)
     metrics = evaluate(run)
     assert json.loads((adhoc / "metrics.json").read_text())["bar"] == metrics["bar"]
     assert json.loads((adhoc / "results" / "copy" / "ntm.json").read_text())["model"] == "ntm"
@@ -260,7 +260,7 @@ def test_every_stage_takes_an_ad_hoc_run_folder(root):
     db = sqlite3.connect(root / "mlflow.db")
     assert db.execute("select count(*) from registered_models").fetchone() == (0,)
     with pytest.raises(UserError, match="holds no trained model"):
-        at_run_dir(resolve("ntm", root=root), root / "empty")
+        trained("ntm", root / "empty", root=root)
 
 
 def test_bf16_autocast_trains_an_lstm_model_on_this_cpu():

@@ -13,7 +13,7 @@ import time
 from pipeline import tracking
 from pipeline.bars import check_bar
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, at_run_dir, resolve, results_dir
+from pipeline.config import RunConfig, results_dir, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.plots import by_length as plot_by_length
 from pipeline.tasks import get_task
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        metrics = evaluate(at_run_dir(resolve(args.model), args.run))
+        metrics = evaluate(trained(args.model, args.run))
         shown = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
         print(json.dumps({**shown, "bar_passed": metrics["bar"]["passed"]}, indent=1))
 

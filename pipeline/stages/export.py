@@ -28,7 +28,7 @@ import torch
 
 from pipeline import tracking
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, UserError, at_run_dir, resolve, results_dir
+from pipeline.config import RunConfig, UserError, results_dir, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.graphs import TorchGraph, run_loop
 from pipeline.tasks import get_task
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        result = export(at_run_dir(resolve(args.model), args.run))
+        result = export(trained(args.model, args.run))
         for prov, rep in result["providers"].items():
             print(f"{args.model}: parity {'passed' if rep['passed'] else 'FAILED'} on {prov} "
                   f"({len(rep['cases'])} cases)")

@@ -29,7 +29,7 @@ import yaml
 import models
 from pipeline import tracking
 from pipeline.bars import check_bar
-from pipeline.config import ROOT, RunConfig, UserError, at_run_dir, read_manifest, resolve
+from pipeline.config import ROOT, RunConfig, UserError, read_manifest, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.files import clear_dead, scratch_beside, sync_folder, write_atomic
 from pipeline.serving_meta import serving_block
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def body():
         repository = args.run / "model_repository" if args.run else None
-        meta = publish(at_run_dir(resolve(args.model), args.run), repository=repository)
+        meta = publish(trained(args.model, args.run), repository=repository)
         where = repository or Path("model_repository")
         print(f"{args.model}: version {meta['version']} in {where / args.model} "
               f"({'production' if meta['production'] else 'not promoted: bar or parity not met'})")

@@ -39,7 +39,7 @@ import torch
 from pipeline import tracking
 from pipeline.bars import gate
 from pipeline.checkpoint import load_model
-from pipeline.config import RunConfig, UserError, at_run_dir, load_params, quantize_settings, read_manifest, resolve
+from pipeline.config import RunConfig, UserError, load_params, quantize_settings, read_manifest, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.graphs import run_loop
 from pipeline.tasks import get_task
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
-        report = quantize(at_run_dir(resolve(args.model), args.run), settings(args.model))
+        report = quantize(trained(args.model, args.run), settings(args.model))
         g = report["gate"]
         rows = ", ".join(f"{c['metric']} {c['fp32']} -> {c['int8']}" for c in g["conditions"]) or g.get("note", "")
         print(f"{args.model}: int8 gate {'passed' if g['passed'] else 'NOT passed'} "
