@@ -298,9 +298,12 @@ def trained(name: str, folder: Path | None = None, root: Path = ROOT, params: di
     if unknown:
         raise UserError(f"{path} was trained by other code (train keys {', '.join(unknown)} are unknown here): "
                         f"retrain it (`dvc repro train@{name}`) or use the code that trained it")
+    data_dir = root / "data" / "prepared" / saved["task"]
+    if not (data_dir / "manifest.json").is_file():  # every later stage reads the task's data
+        raise UserError(f"{data_dir / 'manifest.json'} is missing: run `dvc repro prepare@{saved['task']}` first")
     return RunConfig(name=name, arch=saved["arch"], task=saved["task"], model=saved["model"],
-                     train=TrainConfig(**saved["train"]), data_dir=root / "data" / "prepared" / saved["task"],
-                     run_dir=run_dir, **_stage_blocks(name, entry, params))
+                     train=TrainConfig(**saved["train"]), data_dir=data_dir, run_dir=run_dir,
+                     **_stage_blocks(name, entry, params))
 
 
 def as_dict(run: RunConfig) -> dict:

@@ -71,8 +71,15 @@ def test_later_stages_take_what_training_decided_from_the_checkpoint(root):
     assert (run.model["memory_size"], run.train.lr, run.run_dir) == (24, 0.5, root / "adhoc")
     assert run.bar == done.bar == [{"metric": "bit_errors_20", "op": "<=", "value": 0.5}]
     # Neither the task's facts nor tuned.yaml are read again: the checkpoint holds what they gave.
-    (root / "data" / "prepared" / "copy" / "manifest.json").unlink()
-    assert trained("m", root / "adhoc", root=root).model == done.model
+    manifest = root / "data" / "prepared" / "copy" / "manifest.json"
+    manifest.write_text(json.dumps({"model_defaults": {"input_size": 99}}))
+    (root / "runs" / "m").mkdir(parents=True)
+    (root / "runs" / "m" / "tuned.yaml").write_text(yaml.safe_dump({"lr": 0.9, "memory_size": 8}))
+    again = trained("m", root / "adhoc", root=root)
+    assert (again.model, again.train) == (done.model, done.train) and done.model["input_size"] == 5
+    manifest.unlink()  # but the data must be there
+    with pytest.raises(UserError, match=r"manifest.json is missing: run `dvc repro prepare@copy` first"):
+        trained("m", root / "adhoc", root=root)
     # No checkpoint (yet): nothing to evaluate, said in one sentence.
     with pytest.raises(UserError, match=r"holds no trained model \(checkpoint/best\); run `dvc repro train@m` first"):
         trained("m", root=root)
