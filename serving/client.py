@@ -146,7 +146,8 @@ class LocalClient(Client):
         self.loaded: dict[tuple[str, int], Any] = {}
 
     def _versions(self, name: str) -> dict[int, dict]:
-        from serving.repository import NAME_RE, VERSION_RE
+        from serving.repository import NAME_RE
+        from serving.version import VERSION_RE
 
         folder = self.root / name
         if not NAME_RE.match(name) or not folder.is_dir():
@@ -159,7 +160,8 @@ class LocalClient(Client):
 
     def _load(self, name: str, version: str | int | None):
         from serving.kinds import load_version
-        from serving.repository import VERSION_RE, default_version
+        from serving.repository import default_version
+        from serving.version import VERSION_RE
 
         metas = self._versions(name)
         if not metas:

@@ -1,6 +1,6 @@
 """The published model repository as servable models (onnxruntime only, never torch).
 
-``model_repository/<model>/<version>/`` (written by ``pipeline/stages/publish.py``) holds the graphs,
+``model_repository/<model>/<version>/`` (its files and their check: ``serving/version.py``) holds the graphs,
 tokenizers and ``metadata.json`` whose ``serving`` block says how to run them. Each version
 becomes up to two kinds of servable model:
 
@@ -24,13 +24,13 @@ import threading
 from pathlib import Path
 
 from serving.admission import Memory
-from serving.base import GraphModel, ServedModel, check_version  # noqa: F401  (load_version runs it)
+from serving.base import GraphModel, ServedModel
 from serving.kinds import load_version
 from serving.protocol import RequestError
+from serving.version import VERSION_RE, check_version  # noqa: F401  (load_version runs the check)
 
 log = logging.getLogger("attnzoo.serving")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
-VERSION_RE = re.compile(r"^[0-9]{1,9}$")  # ASCII digits only ("²".isdigit() is true, int("²") fails)
 def default_version(metas: dict[int, dict]) -> tuple[int | None, str]:
     """(the version served without one in the URL, why) from each version's metadata."""
     promoted = [v for v, m in metas.items() if m.get("production")]

@@ -19,7 +19,7 @@ from pipeline.stages.export import export_onnx
 from pipeline.stages.publish import write_version
 from pipeline.tasks.translation_de_en import TranslationTask
 from serving.client import LocalClient
-from serving.repository import check_version
+from serving.version import check_version
 from tests.conftest import ROOT, trained_looking_transformer
 
 

@@ -62,7 +62,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     import json
 
     from pipeline.config import ROOT, load_params
-    from serving.repository import VERSION_RE  # ASCII digits only: "²".isdigit() is true, int("²") fails
+    from serving.version import VERSION_RE  # ASCII digits only: "²".isdigit() is true, int("²") fails
 
     root = Path(root or ROOT)
     rows = []

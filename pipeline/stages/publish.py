@@ -4,11 +4,7 @@ Layout (Triton-style: one folder per model, integer versions)::
 
     model_repository/<model>/
         config.pbtxt                 # Triton config (python backend) + per-graph I/O as comments
-        <version>/
-            <graph>.onnx ...          # e.g. encoder.onnx + decoder_step.onnx
-            model.py, serving/        # Triton python-backend entry and the serving modules it runs
-            metadata.json             # config, ``serving`` (loop, token ids, tokenizers), metrics, lineage
-            <task artifacts>          # e.g. spm.de.model / spm.en.model tokenizers
+        <version>/                   # serving/version.py: the folder's files and metadata.json, and its check
 
 Lineage: git commit and the DVC hashes (``dvc.lock``) of the data, checkpoint and ONNX graphs.
 The MLflow version gets alias ``production`` only if parity passed and the quality bar was met.
@@ -18,7 +14,6 @@ re-publishing an unchanged model is a no-op.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -33,7 +28,7 @@ from pipeline.config import ROOT, RunConfig, UserError, read_manifest, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.files import clear_dead, scratch_beside, sync_folder, write_atomic
 from pipeline.serving_meta import serving_block
-from serving.repository import VERSION_RE
+from serving.version import SERVING_DIR, digest, versions_in, write
 
 DTYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(bool)": "TYPE_BOOL",
           "tensor(int32)": "TYPE_INT32"}
@@ -53,19 +48,6 @@ def dvc_hashes(root: Path, name: str) -> dict[str, str]:
     return out
 
 
-# serving/ modules bundled into each version for Triton's python backend (model.py imports them):
-# the package without the HTTP server and client (Triton is the server).
-SERVING_DIR = ROOT / "serving"
-NOT_BUNDLED = {"server.py", "client.py", "triton_model.py", "pyfunc.py", "pyfunc_model.py"}
-
-
-def bundle() -> list[str]:
-    """The serving modules a version carries, relative to ``serving/`` (sorted: part of its digest)."""
-    return sorted(str(p.relative_to(SERVING_DIR)) for p in SERVING_DIR.rglob("*.py") if p.name not in NOT_BUNDLED)
-
-
-def versions_in(repo: Path) -> list[int]:
-    return sorted(int(p.name) for p in repo.iterdir() if p.is_dir() and VERSION_RE.match(p.name))
 TRITON_TYPES = {"BYTES": "TYPE_STRING"}  # every other v2 datatype X is TYPE_X
 
 
@@ -125,28 +107,6 @@ def config_pbtxt(name: str, repo: Path, onnx_dir: Path, graphs: list[str],
     return "\n".join(lines) + "\n"
 
 
-def digest(folder: Path, serving: dict, engine: Path | None = None) -> str:
-    """Identity of a version: its graphs, its engine's model (``engine``: a folder), how a server runs
-    them and the bundled serving code (a changed decode limit, tokenizer contract or loop is a new
-    version even for the same graphs)."""
-    h = hashlib.sha256()
-    for p in sorted(folder.glob("*.onnx")) + (sorted(engine.rglob("*")) if engine else []):
-        if p.is_file():
-            h.update(p.read_bytes())
-    h.update(json.dumps(serving, sort_keys=True).encode())
-    for f in ["triton_model.py"] + bundle():
-        h.update(f.encode())
-        h.update((SERVING_DIR / f).read_bytes())
-    return h.hexdigest()
-
-
-def files_sha256(folder: Path) -> dict[str, str]:
-    """{path in the version: SHA-256} of every file a server loads or runs (the graphs, tokenizers and
-    bundled code); metadata.json, which carries this, and the model card are not among them."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("metadata.json", "MODEL_CARD.md")}
-
-
 def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: dict,
                   artifacts: list[Path], engine: Path | None = None) -> tuple[dict, bool]:
     """Write ``repo/<version>/`` atomically (a temp folder renamed into place); ``engine``: a folder
@@ -155,37 +115,21 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     Returns (metadata, created, what the server answers for the new version: None when unchanged); an
     unchanged model returns the latest version's metadata.
     """
-    graphs = sorted(p.stem for p in onnx_dir.glob("*.onnx"))
     repo.mkdir(parents=True, exist_ok=True)
     clear_dead(repo)  # what a killed publish left: never a version, but part of the DVC output
     versions = versions_in(repo)
-    graph_digest = digest(onnx_dir, serving, engine)
     if versions:
         latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
-        if latest.get("graph_sha256") == graph_digest:
+        if latest.get("graph_sha256") == digest(onnx_dir, serving, engine):
             return latest, False, None
     version = (versions[-1] + 1) if versions else 1
     tmp = scratch_beside(repo / str(version))  # not a version name: the server never reads it
-    for graph in graphs:
-        shutil.copy2(onnx_dir / f"{graph}.onnx", tmp / f"{graph}.onnx")
-    for artifact in artifacts:
-        shutil.copy2(artifact, tmp / artifact.name)
-    if engine is not None:
-        shutil.copytree(engine, tmp / engine.name)
-    if serving.get("loop") in ("seq2seq", "recurrent", "glimpse"):  # Triton python backend: model.py + its modules
-        shutil.copy2(SERVING_DIR / "triton_model.py", tmp / "model.py")
-        for f in bundle():
-            (tmp / "serving" / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(SERVING_DIR / f, tmp / "serving" / f)
-    meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
-            "artifacts": [a.name for a in artifacts], "graph_sha256": graph_digest,
-            "files_sha256": files_sha256(tmp)}  # what the server checks before it serves the version
-    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    meta = write(tmp, name, version, onnx_dir, serving, meta, artifacts, engine)
     served = served_metadata(name, version, tmp)  # loaded once: the card, Triton's config and the registry use it
     (tmp / "MODEL_CARD.md").write_text(model_card(meta, served))
     sync_folder(tmp)  # on disk before the rename makes it a version
     tmp.rename(repo / str(version))
-    write_atomic(repo / "config.pbtxt", config_pbtxt(name, repo, onnx_dir, graphs, (version, served)))
+    write_atomic(repo / "config.pbtxt", config_pbtxt(name, repo, onnx_dir, meta["graphs"], (version, served)))
     return meta, True, served
 
 

@@ -62,8 +62,9 @@ def load_version(name: str, version: int, folder: Path, provider: str = "auto", 
     ``threads``) are the ONNX Runtime intra-op threads of a model with several graphs, whose loops
     make many small calls (ORT's spinning thread pool then only competes with the loop)."""
     from serving.admission import Limits, Memory
-    from serving.base import GraphModel, check_version
+    from serving.base import GraphModel
     from serving.runtime import OrtGraph
+    from serving.version import check_version
 
     folder = Path(folder)
     check_version(folder)  # every loader: files as publish recorded them, or nothing is loaded
