@@ -197,3 +197,55 @@ def test_an_unpacked_tree_changed_in_the_cache_is_unpacked_again(tmp_path):
     _, again = fetch(["coreutils"], cache, progress=False)["coreutils"]
     assert again == tree and copyright_file.read_bytes() == original
     assert not (tree / "usr/share/planted.po").exists()
+
+
+def test_package_versions_leave_the_prepared_data_as_it_was_and_a_changed_corpus_is_reported(tmp_path, monkeypatch):
+    """The packages' versions and download sizes go to the provenance file, not the manifest: the same pairs
+    from newer packages are the same prepared bytes (nothing retrains). Different pairs are reported as
+    prepare prints them: the packages that changed, and the pairs added and removed, per split."""
+    import pipeline.config
+    from pipeline.stages.prepare import changes, package_changes
+    from pipeline.tasks.translation_de_en.corpus import build as corpus_build
+
+    corpus = tmp_path / "pairs.tsv"
+    _tsv(corpus, 400)
+    params = {"seed": 3, "vocab_size": 300, "corpus": str(corpus), "val_size": 40, "test_size": 40,
+              "max_doc_share": 0.2, "clean": {"min_words": 3, "max_words": 40}}
+    real = pipeline.config.load_params()
+    monkeypatch.setattr(pipeline.config, "load_params", lambda root=None: {**real, "tasks": {"houses": {
+        "like": "translation_de_en", **params}}})
+    file_corpus = corpus_build.collect
+
+    def from_packages(version: str):  # the user's file standing in for a package of that version
+        def collect(options, cache, progress=True):
+            pairs, info, _ = file_corpus(options, cache, progress)
+            return pairs, info, {"file": {"packages": {"houses-de": version}, "download_bytes": 1000}}
+        return collect
+
+    runs = {}
+    for name, version in (("old", "1.0-1"), ("new", "1.0-2")):
+        monkeypatch.setattr(corpus_build, "collect", from_packages(version))
+        runs[name] = prepare("houses", params, tmp_path / name, tmp_path / f"{name}.provenance.json")
+    assert runs["old"] == runs["new"] and "provenance" not in runs["new"]
+    assert (tmp_path / "old" / "manifest.json").read_bytes() == (tmp_path / "new" / "manifest.json").read_bytes()
+    origin = {n: json.loads((tmp_path / f"{n}.provenance.json").read_text()) for n in runs}
+    assert origin["new"] == {"sources": {"file": {"packages": {"houses-de": "1.0-2"}, "download_bytes": 1000}},
+                             "download_bytes": 1000}
+    assert package_changes(origin["old"], origin["new"]) == ["houses-de 1.0-1 → 1.0-2"]
+    before = {p.name: p for p in (tmp_path / "old").iterdir()}
+    same = changes("houses", runs["new"], before, tmp_path / "new", origin["old"], origin["new"])
+    assert same == ["houses: the same data as dvc.lock records; nothing downstream retrains",
+                    "packages: houses-de 1.0-1 → 1.0-2"]
+    # The next version translates 20 more houses: 20 pairs added, none removed.
+    _tsv(corpus, 420)
+    monkeypatch.setattr(corpus_build, "collect", from_packages("1.1-1"))
+    grown = prepare("houses", params, tmp_path / "grown", tmp_path / "grown.provenance.json")
+    lines = changes("houses", grown, before, tmp_path / "grown", origin["new"],
+                    json.loads((tmp_path / "grown.provenance.json").read_text()))
+    assert lines[:2] == ["houses: the prepared data differs from what dvc.lock records, so its models retrain "
+                         "(docs/troubleshooting.md)", "packages: houses-de 1.0-2 → 1.1-1"]
+    assert sum(grown["pairs"].values()) - sum(runs["old"]["pairs"].values()) == 20
+    assert re.fullmatch(r"pairs: \+20 added, −0 removed; by split, moves between them included: "
+                        r"test \+\d+ −\d+, train \+\d+ −\d+, val \+\d+ −\d+", lines[2]), lines[2]
+    # Without the recorded data in the cache only the packages can be compared.
+    assert changes("houses", grown, None, tmp_path / "grown", origin["new"], origin["new"]) == []

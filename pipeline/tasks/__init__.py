@@ -21,8 +21,16 @@ class Task:
     card: dict = {"data": "not stated", "licence": "not stated"}
 
     def prepare(self, params: dict, out: Path) -> dict:
-        """Write prepared files into ``out``; return manifest facts (counts, vocab...)."""
+        """Write prepared files into ``out``; return manifest facts (counts, vocab...). A fact ``provenance``
+        (where the data came from: package versions, downloaded bytes) is kept out of the manifest, in
+        ``data/provenance/<task>.json``: it changes with a package's version although the data does not."""
         raise TaskError(f"task {self.name} has no prepare step")
+
+    def changes(self, before: dict[str, Path], after: Path) -> list[str]:
+        """What changed in the prepared data, a line each, when a re-run wrote other files than the ones
+        ``dvc.lock`` records (``before``: those files by name, ``after``: the new folder). Default: nothing
+        beyond the stage's own note."""
+        return []
 
     def load(self, data_dir: Path, split: str) -> list:
         """Load one split as a list of items for :meth:`collate`."""

@@ -60,8 +60,8 @@ def _unpack(packed: dict[str, torch.Tensor]) -> list[list[int]]:
 class TranslationTask(Task):
     name = "translation_de_en"
     card = {"data": "German→English pairs from Debian packages: LibreOffice help, package descriptions (DDTP), "
-                    "man pages, KDE and GNOME handbooks (the manifest lists packages and "
-                    "versions), split by document, tokenised with SentencePiece",
+                    "man pages, KDE and GNOME handbooks (data/provenance/translation_de_en.json "
+                    "lists packages and versions), split by document, tokenised with SentencePiece",
             "licence": "per pair, of its package (MPL-2.0, GPL, GFDL, CC-BY-SA...): the prepared data's "
                        "licence column",
             "paper": "Bahdanau et al. 2015; Luong et al. 2015; Vaswani et al. 2017"}
@@ -107,6 +107,25 @@ class TranslationTask(Task):
                                      "pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "max_len": 100},
                      artifacts=["spm.de.model", "spm.en.model"])
         return facts
+
+    def changes(self, before: dict[str, Path], after: Path) -> list[str]:
+        """The sentence pairs added and removed, in all and per split (a pair: its German and English text)."""
+        def pairs(path: Path | None) -> set[tuple[str, str]]:
+            if path is None or not path.is_file():
+                return set()
+            rows = torch.load(path)
+            return set(zip(rows["src_text"], rows["tgt_text"]))
+
+        splits = sorted({n.removesuffix(".pt") for n in before if n.endswith(".pt")}
+                        | {p.stem for p in after.glob("*.pt")})
+        per, old_all, new_all = [], set(), set()
+        for split in splits:
+            old, new = pairs(before.get(f"{split}.pt")), pairs(after / f"{split}.pt")
+            per.append(f"{split} +{len(new - old):,} −{len(old - new):,}")
+            old_all, new_all = old_all | old, new_all | new
+        # In all: a pair the split moved from one set to another is neither added nor removed.
+        return [f"pairs: +{len(new_all - old_all):,} added, −{len(old_all - new_all):,} removed; by split, "
+                f"moves between them included: {', '.join(per)}"]
 
     def load(self, data_dir: Path, split: str) -> list[dict]:
         d = torch.load(data_dir / f"{split}.pt")

@@ -52,11 +52,12 @@ def read_file_corpus(path: Path) -> list[Pair]:
                  str(r.get("licence") or "not stated")) for i, r in enumerate(rows)]
 
 
-def collect(options: dict, cache: Path, progress: bool = True) -> tuple[list[Pair], dict]:
-    """Every enabled source's raw units, and the manifest's ``sources`` block (packages, versions, bytes)."""
+def collect(options: dict, cache: Path, progress: bool = True) -> tuple[list[Pair], dict, dict]:
+    """Every enabled source's raw units, the manifest's ``sources`` block (what each is, its units) and each
+    source's provenance (its packages and their versions, the index files it read, the bytes downloaded)."""
     if options.get("corpus"):
         pairs = read_file_corpus(Path(options["corpus"]))
-        return pairs, {"file": {"path": str(options["corpus"]), "units": len(pairs)}}
+        return pairs, {"file": {"path": str(options["corpus"]), "units": len(pairs)}}, {}
     chosen = enabled_sources(options.get("sources"))
     if not chosen:
         raise CorpusError("no corpus source is switched on: set tasks.<task>.sources (e.g. libreoffice: true) "
@@ -65,15 +66,15 @@ def collect(options: dict, cache: Path, progress: bool = True) -> tuple[list[Pai
     names = sorted({p for s, opts in sources for p in s.packages(opts)})
     fetched = fetch(names, cache, progress=progress) if names else {}
     trees = {n: tree for n, (_, tree) in fetched.items()}
-    pairs, info = [], {}
+    pairs, info, provenance = [], {}, {}
     for source, opts in sources:
         own = source.packages(opts)
         units = list(source.pairs({n: trees[n] for n in own}, opts, cache))
         pairs += units
-        info[source.name] = {"description": source.description, "licence": source.licence, "units": len(units),
-                             "packages": {n: fetched[n][0] for n in own},
-                             "download_bytes": download_bytes(cache, own), **source.versions(opts, cache)}
-    return pairs, info
+        info[source.name] = {"description": source.description, "licence": source.licence, "units": len(units)}
+        provenance[source.name] = {"packages": {n: fetched[n][0] for n in own},
+                                   "download_bytes": download_bytes(cache, own), **source.versions(opts, cache)}
+    return pairs, info, provenance
 
 
 def clean_all(pairs: list[Pair], rules: Rules) -> tuple[list[Pair], Counter, Counter]:
@@ -134,14 +135,16 @@ def split_by_document(pairs: list[Pair], seed: int, val_size: int, test_size: in
 
 
 def build(options: dict, cache: Path, progress: bool = True) -> tuple[dict[str, list[Pair]], dict]:
-    """The split corpus and its manifest facts. ``options``: the task's params.yaml block."""
-    raw, sources = collect(options, cache, progress)
+    """The split corpus and its manifest facts, the sources' provenance among them (``provenance``: the prepare
+    stage keeps it out of the prepared data, whose identity is the pairs'). ``options``: the task's params.yaml
+    block."""
+    raw, sources, provenance = collect(options, cache, progress)
     kept, clean, dupes = clean_all(raw, Rules.of(options.get("clean")))
     split, facts = split_by_document(kept, options["seed"], options["val_size"], options["test_size"],
                                      options.get("max_doc_share", 0.05))
     for name, info in sources.items():
         info.update(clean=clean[name], duplicates=dupes[name],
                     **{s: sum(p.source == name for p in split[s]) for s in SPLITS})
-    total = sum(info.get("download_bytes", 0) for info in sources.values())
-    return split, {"sources": sources, "download_bytes": total, **facts,
-                   "pairs": {s: len(split[s]) for s in SPLITS}}
+    total = sum(info.get("download_bytes", 0) for info in provenance.values())
+    return split, {"sources": sources, **facts, "pairs": {s: len(split[s]) for s in SPLITS},
+                   "provenance": {"sources": provenance, "download_bytes": total}}
