@@ -5,9 +5,9 @@ For a dynamic sequence axis, torch.onnx (torch 2.13) swaps in while-loop kernels
 op's dispatch cache. In a process that has already traced one of these ops, a later export can run the
 cached kernel instead: the plain Python loop over time steps, which fixes the sequence length to the
 example's, and torch.export then refuses the dynamic axis ("tracing inferred a static shape of 5").
-Exporting the Neural Programmer and then RNNencdec in one process fails that way; each export stage
-exports one model in a fresh process and never meets it. Whoever exports several models in one
-process clears the two caches before each export.
+Exporting the Neural Programmer and then RNNencdec in one process fails that way. ``export_onnx``
+(``pipeline/stages/export.py``) clears the two caches before each graph it exports, so a process that
+exports several models (a test session, ``scripts/gpu_check.py``) exports each as a fresh one would.
 """
 
 from __future__ import annotations

@@ -16,20 +16,6 @@ from pipeline.graphs import loop_kind
 from serving.admission import Limits, Memory
 from serving.decode import BEAM
 
-# How a server turns a task's raw input into graph inputs and back, for the first two tasks; later
-# tasks declare it as ``Task.serving``. These belong there too, but editing those task files re-runs
-# their prepare stage, whose earlier manifests recorded their run time: their data would get a
-# new hash and every model downstream would retrain. They move with the next full re-run.
-TASK_SERVING = {
-    # Source ids are the German pieces followed by EOS, exactly as prepare@translation_de_en encodes them.
-    "translation_de_en": {"source_tokenizer": "spm.de.model", "target_tokenizer": "spm.en.model",
-                          "append_eos": True},
-    # A bit is 1 where its logit is positive (as NTM.predict); the heads' weightings, carried by
-    # the step graph as new_read_w / new_write_w, are returned over time as the attention.
-    "copy": {"bit_threshold": 0.0,
-             "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}},
-}
-
 
 def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     """Everything ``serving/`` needs to run the loop on raw input, so it never reads params or
@@ -52,7 +38,7 @@ def serving_meta(cfg, graphs: list[str], run: RunConfig) -> dict:
     # What the server needs from the task (tokenizers, vocabularies) and from the model (its own names)
     model_cls = next(e.model_cls for e in models.REGISTRY.values() if type(cfg) is e.config_cls)
     model = getattr(model_cls, "serving", {})
-    meta = {**meta, **TASK_SERVING.get(run.task, {}), **get_task(run.task).serving, **model}
+    meta = {**meta, **get_task(run.task).serving, **model}
     return {"kind": kind_of(meta, graphs), **meta}  # which serving/kinds module runs it
 
 

@@ -129,25 +129,10 @@ def one_torchlib_registry(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(once))
 
 
-def fresh_rnn_exports(patch: pytest.MonkeyPatch) -> None:
-    """A test process exports many models: each ``torch.onnx.export`` starts with the recurrent ops'
-    dispatch caches cleared, as in the one-export process of a stage (pipeline/rnn_export.py says why)."""
-    from pipeline.rnn_export import clear_rnn_dispatch
-
-    export = torch.onnx.export
-
-    def fresh(*args, **kwargs):
-        clear_rnn_dispatch()
-        return export(*args, **kwargs)
-
-    patch.setattr(torch.onnx, "export", fresh)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _one_torchlib_registry():
     with pytest.MonkeyPatch.context() as patch:
         one_torchlib_registry(patch)
-        fresh_rnn_exports(patch)
         yield
 
 

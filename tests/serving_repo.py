@@ -16,7 +16,7 @@ import models
 from pipeline.serving_meta import memory, serving_meta
 from pipeline.stages.export import export_onnx
 from pipeline.stages.publish import write_version
-from tests.conftest import TINY, fresh_rnn_exports, one_torchlib_registry
+from tests.conftest import TINY, one_torchlib_registry
 
 GERMAN = ["Wo ist der Bahnhof?", "Ich habe keine Zeit.", "Das Wetter ist heute schön.", "Er kommt morgen.",
           "Wir gehen nach Hause.", "Sie liest ein Buch.", "Der Hund schläft.", "Kannst du mir helfen?"]
@@ -88,7 +88,6 @@ def _exporter() -> None:
     torch.set_num_threads(1)
     patch = pytest.MonkeyPatch()  # for the process's lifetime
     one_torchlib_registry(patch)
-    fresh_rnn_exports(patch)
 
 
 def build_published(tmp: Path, build: bool = True) -> SimpleNamespace:

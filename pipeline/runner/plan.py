@@ -112,7 +112,7 @@ def _params(root: Path) -> dict:
 def _searches(name: str, params: dict) -> bool:
     """A tune@ stage with a search space: it runs its trials on every core (all local slots)."""
     kind, _, key = name.partition("@")
-    return kind == "tune" and bool(params.get("models", {}).get(key, {}).get("search_space") or {})
+    return kind == "tune" and bool(params.get("models", {}).get(key, {}).get("search_space"))
 
 
 def _shrink(node: Node, todo: list[str], nodes: dict[str, Node], executor) -> bool:

@@ -31,6 +31,7 @@ from pipeline.checkpoint import load_model
 from pipeline.config import RunConfig, UserError, results_dir, trained
 from pipeline.entry import RUN_HELP, exit_after, model_parser, run_cli
 from pipeline.graphs import TorchGraph, run_loop
+from pipeline.rnn_export import clear_rnn_dispatch
 from pipeline.tasks import get_task
 from serving.runtime import OrtGraph, uses_cuda
 
@@ -48,6 +49,7 @@ def export_onnx(model, out_dir: Path) -> dict[str, dict]:
     info = {}
     for name, spec in specs.items():
         spec.module.eval()
+        clear_rnn_dispatch()  # as if first in its process: an earlier trace's GRU/LSTM kernel fixes the length
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(

@@ -28,6 +28,10 @@ class CopyTask(Task):
     card = {"data": "random binary sequences generated from the seed in params.yaml",
             "licence": "generated: no third-party data",
             "paper": "Graves et al. 2014, §4.1 (copy)"}
+    # A bit is 1 where its logit is positive (as NTM.predict); the heads' weightings, carried by the step
+    # graph as new_read_w / new_write_w, are returned over time as the attention.
+    serving = {"bit_threshold": 0.0,
+               "attention_outputs": {"read_weights": "new_read_w", "write_weights": "new_write_w"}}
 
     def prepare(self, params: dict, out: Path) -> dict:
         rng = np.random.default_rng(params["seed"])

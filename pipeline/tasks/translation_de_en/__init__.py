@@ -65,6 +65,8 @@ class TranslationTask(Task):
             "licence": "per pair, of its package (MPL-2.0, GPL, GFDL, CC-BY-SA...): the prepared data's "
                        "licence column",
             "paper": "Bahdanau et al. 2015; Luong et al. 2015; Vaswani et al. 2017"}
+    # Source ids are the German pieces followed by EOS, exactly as prepare encodes them.
+    serving = {"source_tokenizer": "spm.de.model", "target_tokenizer": "spm.en.model", "append_eos": True}
 
     def prepare(self, params: dict, out: Path) -> dict:
         import sentencepiece as spm
