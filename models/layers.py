@@ -376,7 +376,7 @@ def gaussian_filterbank(centre: Tensor, delta: Tensor, var: Tensor, n: int, size
     return torch.softmax(logits, dim=-1)
 
 
-# ---- training-only code: below every module above, whose source lines exported graphs record ------------
+# ---- training-only code: the chunked token loss and the gradients summed after a loop -----------------------
 
 _LOSS_ROWS = [0]  # rows per chunk while a ChunkedLoss context is open (token_loss then chunks); 0: off
 
