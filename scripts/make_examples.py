@@ -51,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 EXAMPLES = ROOT / "examples"
 METRICS = "runs/bahdanau/metrics.json"  # the committed file the translation sources come from
 COPY_LENGTH = 20  # copy: test_20, the training maximum and the headline bit-error length
+REPEAT_CASE = "test_L3_R3"  # repeat_copy: the first bar's case
+RECALL_ITEMS = 6  # associative_recall: test_6, the training maximum and a bar's length
 POINTER_N = 10  # sort and convex_hull: test_10
 DRAW_ENTRY = "draw"
 # The renderers the committed files were made with (see the module docstring).
@@ -93,6 +95,36 @@ def copy_item(p: dict, split: str = f"test_{COPY_LENGTH}"):
         seqs = make_sequences(rng, p["test_size"], p["bits"], [length])
         if f"test_{length}" == split:
             return torch.from_numpy(seqs[0])
+    raise KeyError(split)
+
+
+def repeat_copy_item(p: dict, split: str = REPEAT_CASE) -> tuple:
+    """``RepeatCopyTask.load(..., split)[0]``: (uint8 [L, bits], R)."""
+    from pipeline.tasks.repeat_copy import RepeatCopyTask, _case
+
+    task, rng = RepeatCopyTask(), np.random.default_rng(p["seed"])
+    lengths, repeats = range(p["min_len"], p["max_len"] + 1), range(p["min_repeats"], p["max_repeats"] + 1)
+    task.make_split(rng, p["train_size"], p["bits"], lengths, repeats)
+    task.make_split(rng, p["val_size"], p["bits"], lengths, repeats)
+    for length, rep in p["test_cases"]:
+        split_ = task.make_split(rng, p["test_size"], p["bits"], [length], [rep])
+        if _case(length, rep) == split:
+            return split_["bits"][0][: int(split_["lengths"][0])], int(split_["repeats"][0])
+    raise KeyError(split)
+
+
+def recall_item(p: dict, split: str = f"test_{RECALL_ITEMS}") -> tuple:
+    """``AssociativeRecallTask.load(..., split)[0]``: (uint8 [n, item_len, bits], the queried item's index)."""
+    from pipeline.tasks.associative_recall import AssociativeRecallTask
+
+    task, rng = AssociativeRecallTask(), np.random.default_rng(p["seed"])
+    sizes = range(p["min_items"], p["max_items"] + 1)
+    task.make_split(rng, p["train_size"], p["bits"], p["item_len"], sizes)
+    task.make_split(rng, p["val_size"], p["bits"], p["item_len"], sizes)
+    for n in p["test_items"]:
+        split_ = task.make_split(rng, p["test_size"], p["bits"], p["item_len"], [n])
+        if f"test_{n}" == split:
+            return split_["items"][0][: int(split_["n"][0])], int(split_["query"][0])
     raise KeyError(split)
 
 
@@ -329,6 +361,36 @@ def copy_example() -> Example:
                    + "\n".join(f"    {r}" for r in rows))
 
 
+def repeat_copy_example() -> Example:
+    from pipeline.tasks.repeat_copy import RepeatCopyTask
+
+    seq, rep = repeat_copy_item(task_params("repeat_copy"))
+    x = RepeatCopyTask().collate([(seq, rep)])["x"].numpy()  # [1, L·(R+1)+2, bits+2]
+    length, rows = len(seq), ["".join(map(str, r)) for r in seq.numpy().tolist()]
+    command = "attnzoo predict ntm_repeat_copy examples/repeat_copy.json"
+    return Example("repeat_copy.json", f"repeat_copy, {REPEAT_CASE.removeprefix('test_')}, 0", "`ntm_repeat_copy`",
+                   command, f"`bits` steps {length + 1}–{length * (rep + 1)} (0-based) repeat the {length} input "
+                   f"vectors {rep} times, below; step {length * (rep + 1) + 1} ends them (the last output bit)",
+                   json_bytes({"x": x.astype(np.float32)}),
+                   f"`x` [1,{x.shape[1]},{x.shape[2]}]: {length} vectors of {seq.shape[1]} bits, the delimiter with "
+                   f"the repeat count {rep} (scaled as the task does), then blank steps. The vectors:\n\n"
+                   + "\n".join(f"    {r}" for r in rows))
+
+
+def recall_example() -> Example:
+    from pipeline.tasks.associative_recall import AssociativeRecallTask
+
+    items, query = recall_item(task_params("associative_recall"))
+    x = AssociativeRecallTask().collate([(items, query)])["x"].numpy()  # [1, (n+2)·(item_len+1), bits+2]
+    answer = " ".join("".join(map(str, r)) for r in items[query + 1].numpy().tolist())
+    return Example("associative_recall.json", f"associative_recall, test_{len(items)}, 0", "`ntm_recall`",
+                   "attnzoo predict ntm_recall examples/associative_recall.json",
+                   f"`bits` of the last {items.shape[1]} steps: item {query + 2} of {len(items)}, the one after "
+                   f"the queried item {query + 1}: {answer}", json_bytes({"x": x.astype(np.float32)}),
+                   f"`x` [1,{x.shape[1]},{x.shape[2]}]: {len(items)} items of {items.shape[1]} vectors, each after "
+                   f"its delimiter, then the query (item {query + 1}) after the query delimiter, then blank steps.")
+
+
 def pointer_example(task: str) -> Example:
     item = pointer_item(task, task_params(task))
     points = item["points"].numpy()
@@ -416,7 +478,8 @@ def spoken_digits_example() -> Example:
 
 
 MAKERS = {  # file -> its maker, in the order of the table
-    "translation_de_en.txt": translation, "copy.json": copy_example, "sort.json": lambda: pointer_example("sort"),
+    "translation_de_en.txt": translation, "copy.json": copy_example, "repeat_copy.json": repeat_copy_example,
+    "associative_recall.json": recall_example, "sort.json": lambda: pointer_example("sort"),
     "convex_hull.json": lambda: pointer_example("convex_hull"), "parity.json": parity_example,
     "table_qa.json": table_qa_example, "mnist_captions.png": mnist_captions_example,
     "mnist_translated60.png": lambda: placed_digit_example("mnist_translated60", "ram"),

@@ -34,6 +34,14 @@ FAMILY = {"bahdanau": MT, "luong": MT, "transformer": MT, "ntm": "Neural Turing 
           "speech_attention": "location-aware speech"}
 
 
+def family_of(arch: str) -> str:
+    """The README row of ``arch``: one sentence naming the fix for an architecture the table has no row for."""
+    if arch not in FAMILY:
+        raise SystemExit(f"scripts/readme_tables.py: architecture '{arch}' has no family: add its README row "
+                         "name to FAMILY")
+    return FAMILY[arch]
+
+
 # task -> the metric its entries are compared on at a glance (otherwise the bar's first metric)
 GLANCE_METRIC = {"translation_de_en": "bleu_beam"}
 
@@ -48,7 +56,7 @@ def glance(root: Path = ROOT) -> str:
         conditions = (metrics.get("bar") or {}).get("conditions") or []
         key = GLANCE_METRIC.get(entry["task"]) or (conditions[0]["metric"] if conditions else HEADLINE[name])
         mark = " ✓" if conditions and metrics["bar"]["passed"] else (" ✗" if conditions else " (ablation)")
-        family = FAMILY[entry["arch"]]
+        family = family_of(entry["arch"])
         fams.setdefault(family, []).append((name, key, f"{_num(metrics[key])}{mark}"))
         if f"`{entry['task']}`" not in tasks.setdefault(family, []):
             tasks[family].append(f"`{entry['task']}`")
@@ -77,7 +85,7 @@ def rows(root: Path = ROOT) -> tuple[list[list[str]], dict]:
     committed_class = {name: cls for cls, names in facts["committed"].items() for name in names}
     by_family: dict[str, dict] = {}
     for name, entry in entries.items():
-        fam = by_family.setdefault(FAMILY[entry["arch"]], {"entries": [], "eval": 0.0,
+        fam = by_family.setdefault(family_of(entry["arch"]), {"entries": [], "eval": 0.0,
                                                           **{c: [0.0, 0] for c in classes}})
         fam["entries"].append(name)
         runs = root / "runs" / name

@@ -116,6 +116,7 @@ class ServeConfig:
     load_model: list[str] = field(default_factory=list)
 
 
+PROVIDERS = ("auto", "cpu", "cuda")  # --provider: auto takes CUDA where a device is visible
 MODEL_CONTROL = ("none", "poll", "explicit")
 
 
@@ -1018,7 +1019,7 @@ def main(argv: list[str] | None = None) -> None:
             ap.add_argument(flag, action="append", default=[], metavar=key.split("_")[-1].upper(), help=HELP[key])
             continue
         ap.add_argument(flag, type=type(value), default=value, help=f"{HELP[key]} (default %(default)s)",
-                        choices={"provider": ("auto", "cpu", "cuda"), "model_control": MODEL_CONTROL}.get(key))
+                        choices={"provider": PROVIDERS, "model_control": MODEL_CONTROL}.get(key))
     cfg = ServeConfig(**vars(ap.parse_args(argv)))
     sys.setswitchinterval(cfg.switch_interval_ms / 1000)  # the server's process (workers: app_from_env)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

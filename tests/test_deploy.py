@@ -148,6 +148,9 @@ def test_dockerfile_runs_the_server_as_non_root_on_8080_with_its_real_flags():
     assert {a for a in cmd if a.startswith("--")} <= flags
     container = manifest(RUNTIME)["spec"]["containers"][0]
     assert {a.split("=")[0] for a in container["args"] if a.startswith("--")} <= flags
+    # deploy/README.md's table states the command the image runs, as ENTRYPOINT and CMD give it
+    stated = re.search(r"entrypoint `([^`]+)`", (ROOT / "deploy" / "README.md").read_text()).group(1)
+    assert stated.split() == exec_form(entrypoint) + cmd
 
 
 def server_flags() -> set[str]:

@@ -82,6 +82,16 @@ def test_docs_name_only_paths_that_exist():
     assert not missing, "docs name paths the repository does not have:\n" + "\n".join(missing)
 
 
+# The comments of the committed data files the docs are made from name their scripts without backticks.
+BARE_SCRIPT = re.compile(r"\b((?:scripts|pipeline)/[\w/-]+\.py)\b")
+
+
+def test_the_docs_data_files_name_only_scripts_that_exist():
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in sorted((ROOT / "docs").glob("*.yaml"))
+               for path in BARE_SCRIPT.findall(doc.read_text()) if not (ROOT / path).exists()]
+    assert not missing, "docs/*.yaml name scripts the repository does not have:\n" + "\n".join(missing)
+
+
 # Docs are reference, not a work log: a heading carries no date, no line cites an issue number, and
 # no line tells how the work went ("this session", "landed on main"). Fenced code and `code spans`
 # are left out of the word check (`session.run`); an ONNX Runtime session is a session of a

@@ -44,6 +44,8 @@ def served_inputs() -> dict[str, tuple[str, list[dict]]]:
     return {
         "translation_de_en.txt": ("bahdanau", [spec("text", "BYTES", -1)]),
         "copy.json": ("ntm", [spec("x", "FP32", -1, -1, tasks["copy"]["bits"] + 1)]),
+        "repeat_copy.json": ("ntm_repeat_copy", [spec("x", "FP32", -1, -1, tasks["repeat_copy"]["bits"] + 2)]),
+        "associative_recall.json": ("ntm_recall", [spec("x", "FP32", -1, -1, tasks["associative_recall"]["bits"] + 2)]),
         "sort.json": ("pointer_sort", [spec("points", "FP32", -1, -1, SortTask.point_size)]),
         "convex_hull.json": ("pointer_hull", [spec("points", "FP32", -1, -1, ConvexHullTask.point_size)]),
         "parity.json": ("act_parity", [spec("x", "FP32", -1, tasks["parity"]["bits"])]),
@@ -180,6 +182,12 @@ SMALL = dict(train_size=30, val_size=5, test_size=3)
 def test_copy_sort_hull_parity_table_items_are_prepares(tmp_path):
     p = _small("copy", **SMALL)
     assert torch.equal(make_examples.copy_item(p), _first("copy", p, "test_20", tmp_path))
+    p = _small("repeat_copy", **SMALL)
+    (seq, rep), (seq2, rep2) = make_examples.repeat_copy_item(p), _first("repeat_copy", p, "test_L3_R3", tmp_path)
+    assert torch.equal(seq, seq2) and rep == rep2
+    p = _small("associative_recall", **SMALL)
+    (items, q), (items2, q2) = make_examples.recall_item(p), _first("associative_recall", p, "test_6", tmp_path)
+    assert torch.equal(items, items2) and q == q2
     for task in ("sort", "convex_hull"):
         p = _small(task, **SMALL)
         mine, theirs = make_examples.pointer_item(task, p), _first(task, p, "test_10", tmp_path)
@@ -245,3 +253,12 @@ def test_png_and_wav_writers_are_plain_and_readable(tmp_path):
     audio = np.sin(np.arange(1600) / 5).astype(np.float32) * 0.5
     (tmp_path / "a.wav").write_bytes(make_examples.wav_bytes(audio, 16000))
     assert np.abs(read_wav(str(tmp_path / "a.wav")) - audio).max() <= 1 / 32768
+
+
+def test_every_served_model_has_an_example():
+    """The README's promise: examples/ holds an input for every model `publish` serves (each params.yaml entry),
+    named in the table's "served to" column (`luong_*`: every luong entry)."""
+    rows = [line.split(" | ") for line in (EXAMPLES / "README.md").read_text().splitlines() if line.startswith("| [`")]
+    names = {n for row in rows for n in re.findall(r"`([\w*]+)`", row[2])}
+    for entry in load_params(ROOT)["models"]:
+        assert entry in names or any(n.endswith("*") and entry.startswith(n[:-1]) for n in names), entry

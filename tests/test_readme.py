@@ -138,3 +138,55 @@ def test_readme_quick_start_output_quotes_the_committed_metrics():
         (cond,) = [c for c in json.loads((ROOT / "runs" / name / "metrics.json").read_text())["bar"]["conditions"]
                    if c["metric"] == metric]
         assert (float(measured), float(bar)) == (cond["measured"], cond["value"]), (name, metric)
+
+
+def _inline_commands(text: str, program: str) -> list[list[str]]:
+    """Every ``program ...`` in the text's inline code (`...`) and code blocks, as argv (comments cut)."""
+    found = re.findall(rf"`({program} [^`\n]+)`", text)
+    found += [line.split("  #")[0] for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+              for line in block.splitlines() if line.startswith(program + " ")]
+    return [shlex.split(c) for c in found]
+
+
+def test_repro_commands_in_the_docs_name_real_stages():
+    """A documented `attnzoo repro` names stages that exist (a foreach group, or group@key of dvc.yaml), with no
+    placeholder, and never `-s` before a prepare@ stage (it would skip the task_code@ stage prepare needs)."""
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    keys = {"tasks": set(params["tasks"]), "models": set(params["models"])}
+    named = 0
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for argv in _inline_commands(path.read_text(), "attnzoo repro"):
+            options_with_values = {"-j", "--jobs", "--profile", "--workdir", "--ray"}
+            targets = [a for i, a in enumerate(argv[2:], 2) if not a.startswith("-")
+                       and argv[i - 1] not in options_with_values]
+            for target in targets:
+                group, _, key = target.partition("@")
+                assert group in stages and "…" not in target and "..." not in target, (path.name, argv)
+                if key and not re.fullmatch(r"<\w+>", key):  # <model>: a metavariable the sentence explains
+                    over = stages[group]["foreach"].strip("${}")
+                    assert key in keys[over], (path.name, argv)
+                named += 1
+            assert not ("-s" in argv and any(t.startswith("prepare") for t in targets)), (path.name, argv)
+    assert named >= 3  # the check reads the documented commands
+
+
+def test_the_readme_serve_line_lists_the_servers_providers():
+    from serving import server
+
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("attnzoo serve ") and "--provider" in line)
+    listed = re.search(r"--provider ([\w|]+)", line).group(1).split("|")
+    assert listed == list(server.PROVIDERS) and server.ServeConfig().provider == listed[0]
+
+
+def test_a_new_architecture_without_a_readme_family_is_one_sentence(capsys):
+    """docs/adding-a-model.md: the generated model table needs a new architecture's row in FAMILY."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import readme_tables
+
+    assert readme_tables.family_of("luong") == readme_tables.family_of("transformer")  # one row, two archs
+    with pytest.raises(SystemExit, match=r"architecture 'newnet' has no family: add its README row name to FAMILY"):
+        readme_tables.family_of("newnet")
