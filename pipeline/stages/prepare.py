@@ -64,12 +64,12 @@ def recorded_files(root: Path, task: str) -> dict[str, Path] | None:
     md5 = next((o.get("md5") for o in stage.get("outs", []) if o.get("path") == f"data/prepared/{task}"), None)
     if not md5:
         return None
-    from dvc.exceptions import NotDvcRepoError
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
     try:
         repo = Repo(str(root))
-    except NotDvcRepoError:  # a copy of the files without .dvc/ (no cache to compare with)
+    except DvcException:  # a copy of the files outside a git and DVC repository: no cache to compare with
         return None
     with repo:
         odb = repo.cache.local
