@@ -91,9 +91,9 @@ def _tsv(path, rows: int, header: str = "source\ttarget\tdoc"):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def test_own_corpus_under_a_task_of_its_own(tmp_path, monkeypatch):
-    """``tasks.houses: {like: translation_de_en, corpus: pairs.tsv}``: the translation task's code
-    prepares, loads and batches the user's pairs; the same file gives the same bytes twice."""
+def _houses(tmp_path, monkeypatch) -> tuple:
+    """A user's corpus of 400 house pairs as its own task, ``houses`` (``like: translation_de_en``): the file
+    and the task's params.yaml block."""
     import pipeline.config
 
     corpus = tmp_path / "pairs.tsv"
@@ -103,6 +103,14 @@ def test_own_corpus_under_a_task_of_its_own(tmp_path, monkeypatch):
     real = pipeline.config.load_params()
     monkeypatch.setattr(pipeline.config, "load_params", lambda root=None: {**real, "tasks": {"houses": {
         "like": "translation_de_en", **params}}})
+    return corpus, params
+
+
+def test_own_corpus_under_a_task_of_its_own(tmp_path, monkeypatch):
+    """``tasks.houses: {like: translation_de_en, corpus: pairs.tsv}``: the translation task's code
+    prepares, loads and batches the user's pairs; the same file gives the same bytes twice."""
+
+    corpus, params = _houses(tmp_path, monkeypatch)
     manifest = prepare("houses", params, tmp_path / "houses")
     assert manifest["task"] == "houses" and manifest["pairs"] == {"train": 320, "val": 40, "test": 40}
     assert manifest["sources"]["file"]["units"] == 400 and manifest["documents"]["test"] == 10
@@ -203,17 +211,10 @@ def test_package_versions_leave_the_prepared_data_as_it_was_and_a_changed_corpus
     """The packages' versions and download sizes go to the provenance file, not the manifest: the same pairs
     from newer packages are the same prepared bytes (nothing retrains). Different pairs are reported as
     prepare prints them: the packages that changed, and the pairs added and removed, per split."""
-    import pipeline.config
     from pipeline.stages.prepare import changes, package_changes
     from pipeline.tasks.translation_de_en.corpus import build as corpus_build
 
-    corpus = tmp_path / "pairs.tsv"
-    _tsv(corpus, 400)
-    params = {"seed": 3, "vocab_size": 300, "corpus": str(corpus), "val_size": 40, "test_size": 40,
-              "max_doc_share": 0.2, "clean": {"min_words": 3, "max_words": 40}}
-    real = pipeline.config.load_params()
-    monkeypatch.setattr(pipeline.config, "load_params", lambda root=None: {**real, "tasks": {"houses": {
-        "like": "translation_de_en", **params}}})
+    corpus, params = _houses(tmp_path, monkeypatch)
     file_corpus = corpus_build.collect
 
     def from_packages(version: str):  # the user's file standing in for a package of that version
