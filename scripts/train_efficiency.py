@@ -146,7 +146,7 @@ def fast_settings(name: str) -> dict:
 
 def step_count(name: str) -> int:
     """Timed steps for ``name``: about SECONDS of its committed step time (5-400), the same for every variant."""
-    summary = ROOT / "runs" / name / "train_summary.json"
+    summary = baseline_run(name) / "train_summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {"train_seconds": 1.0, "steps": 10}
     return max(5, min(400, round(SECONDS * s["steps"] / max(s["train_seconds"], 1e-3))))
 
@@ -301,7 +301,7 @@ def rendered(path: Path = JSON_OUT) -> str:
         lines.append(f"| {name} | {e['gflop_per_step']:.2f} | {e['baseline_steps_per_s']:.2f} | {e['pct_of_peak']:.1f} "
                      f"| {e['outside_ops']:.0%} | {e['baseline_steps_per_s_2_threads']:.2f} "
                      f"| {e['pct_of_peak_2_threads']:.1f} | {_settings(e['fast_settings'])} | {e['steps_per_s']:.2f} "
-                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {last_quarter_fall(name):.1%} "
+                     f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {last_quarter_fall(e):.1%} "
                      f"| {_ceiling(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
     lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
@@ -311,10 +311,10 @@ def rendered(path: Path = JSON_OUT) -> str:
     return "\n".join(lines)
 
 
-def last_quarter_fall(name: str) -> float:
-    """How much the committed run's validation loss fell over its last quarter of steps: 1 - best / (the best
-    up to 75 % of the steps); 0 where the curve was flat."""
-    curve = val_curve(name)
+def last_quarter_fall(entry: dict) -> float:
+    """How much the baseline's committed run's validation loss fell over its last quarter of steps: 1 - best /
+    (the best up to 75 % of the steps); 0 where the curve was flat."""
+    curve = entry["baseline_val_curve"]
     early = min(loss for step, loss in curve if step <= 0.75 * curve[-1][0])
     return 1 - min(loss for _, loss in curve) / early if early > 0 else 0.0
 
@@ -324,7 +324,7 @@ def _budgets(kept: dict) -> str:
     of the rest, those whose validation still fell late (they keep their steps) and those flat."""
     entries = kept["entries"]
     shorter = {n: e for n, e in entries.items() if e["steps"] < e["baseline_steps"]}
-    falls = {n: last_quarter_fall(n) for n in entries if n not in shorter}
+    falls = {n: last_quarter_fall(e) for n, e in entries.items() if n not in shorter}
     flat = [f"{n} ({v:.1%})" for n, v in falls.items() if v < FLAT]
     climbing = [v for v in falls.values() if v >= FLAT]
     cut = "; ".join(f"{n} ({e['baseline_steps']:,} → {e['steps']:,}{_budget_evidence(e)})" for n, e in shorter.items())
@@ -398,33 +398,39 @@ def with_table(text: str, table: str) -> str:
 
 
 # ---- the zoo ----------------------------------------------------------------------------------------
+def baseline_run(name: str) -> Path:
+    """The baseline recipe's committed run of ``name``: ``runs/<name>`` of its checkout ($BASELINE_CODE, else
+    this tree's). Measuring records what it needs of it in the figures (``baseline_steps``,
+    ``baseline_val_curve``), so the figures stay readable after this tree's runs are retrained."""
+    return Path(os.environ.get("BASELINE_CODE") or ROOT) / "runs" / name
+
+
 def committed_steps(name: str) -> int:
-    return json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
+    return json.loads((baseline_run(name) / "train_summary.json").read_text())["steps"]
 
 
-def val_curve(name: str) -> list[tuple[int, float]]:
-    """The committed run's validation curve: (step, val_loss) at each validation."""
+def val_curve(name: str) -> list[list]:
+    """The baseline's committed validation curve: [step, val_loss] at each validation."""
     import csv
 
-    with open(ROOT / "runs" / name / "learning_curves" / "val_loss.csv") as f:
-        return [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+    with open(baseline_run(name) / "learning_curves" / "val_loss.csv") as f:
+        return [[int(r["step"]), float(r["val_loss"])] for r in csv.DictReader(f)]
 
 
-def fast_steps(name: str, settings: dict) -> int:
-    """The fast recipe's step count: its ``max_steps``, or where ``patience`` stops the committed run's own
-    validation curve (runs/<name>/learning_curves/val_loss.csv: the same curve when nothing else changed),
-    else the committed count."""
+def fast_steps(settings: dict, baseline_steps: int, curve: list[list]) -> int:
+    """The fast recipe's step count: its ``max_steps``, or where ``patience`` stops the baseline's own validation
+    ``curve`` (the same curve when nothing else changed), else the baseline's count."""
     if settings.get("max_steps"):
         return int(settings["max_steps"])
     if not settings.get("patience"):
-        return committed_steps(name)
+        return baseline_steps
     best, best_at = float("inf"), 0
-    for i, (step, loss) in enumerate(val_curve(name)):
+    for i, (step, loss) in enumerate(curve):
         if loss < best:
             best, best_at = loss, i
         if i - best_at >= settings["patience"]:
             return step
-    return committed_steps(name)
+    return baseline_steps
 
 
 def entry_figures(work: Path, name: str, repeats: int, peak: dict) -> dict:
@@ -440,9 +446,11 @@ def entry_figures(work: Path, name: str, repeats: int, peak: dict) -> dict:
     settings = fast["settings"]
     gflop = base["gflop_per_step"]
     limit = peak["peak"][base["precision"]]
-    out = {"baseline_steps": committed_steps(name), "baseline_steps_per_s": round(sps["baseline"], 3),
+    curve = val_curve(name)
+    out = {"baseline_steps": committed_steps(name), "baseline_val_curve": curve,
+           "baseline_steps_per_s": round(sps["baseline"], 3),
            "baseline_steps_per_s_2_threads": round(two["steps_per_s"], 3),
-           "steps": fast_steps(name, settings), "steps_per_s": round(sps["fast"], 3),
+           "steps": fast_steps(settings, committed_steps(name), curve), "steps_per_s": round(sps["fast"], 3),
            "compile_s": round(statistics.median(m["compile_s"] for m in runs["fast"]), 1),
            "gflop_per_step": round(gflop, 3), "precision": base["precision"], "fast_precision": fast["precision"],
            "peak_gflops": limit["1"]["gflops"], "peak_gflops_2_threads": limit["2"]["gflops"],
@@ -484,7 +492,7 @@ def budget_check(name: str, entry: dict, run_root: Path) -> dict:
     summary = json.loads((run / "train_summary.json").read_text())
     bar = json.loads((run / "metrics.json").read_text())["bar"]
     same_time = summary["steps"] * entry["baseline_steps_per_s"] / entry["steps_per_s"]
-    curve = [(step, loss) for step, loss in val_curve(name) if step <= same_time]
+    curve = [(step, loss) for step, loss in entry["baseline_val_curve"] if step <= same_time]
     return {"steps": summary["steps"], "best_val_loss": summary["best_val_loss"], "best_step": summary["best_step"],
             "bar": [{k: c[k] for k in ("metric", "op", "value", "measured", "passed")} for c in bar["conditions"]],
             "committed_at_equal_time": {"step": curve[-1][0] if curve else 0,
@@ -605,7 +613,7 @@ def _budget_runs_only(args, names: list[str]) -> int:
         if _without_budget(now) != _without_budget(entry["fast_settings"]):
             raise SystemExit(f"train_efficiency: {name}'s settings in params.yaml differ from those measured by "
                              f"more than max_steps; measure it again with --entries {name}")
-        entry.update(fast_settings=now, steps=fast_steps(name, now))
+        entry.update(fast_settings=now, steps=fast_steps(now, entry["baseline_steps"], entry["baseline_val_curve"]))
         entry["ratio"] = ratio(entry)
         entry["budget_check"] = check = budget_check(name, entry, args.budget_run)
         print(f"{name}: {check}", flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 
 import pytest
@@ -137,12 +138,24 @@ def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
         for key in ("baseline_steps", "baseline_steps_per_s", "steps", "steps_per_s", "compile_s", "gflop_per_step",
                     "peak_gflops", "outside_ops", "baseline_steps_per_s_2_threads", "learns_the_same"):
             assert key in e, (name, key)
-        assert e["baseline_steps"] == json.loads((ROOT / "runs" / name / "train_summary.json").read_text())["steps"]
-        assert e["steps"] == train_efficiency.fast_steps(name, e["fast_settings"]), name
+        # the baseline's own run, as recorded when measured: its steps and validation curve (this tree's runs are
+        # the new recipe's once retrained), which the fast step count and the rendered figures come from
+        curve = e["baseline_val_curve"]
+        assert curve and curve[-1][0] <= e["baseline_steps"] and all(a[0] < b[0] for a, b in zip(curve, curve[1:]))
+        assert e["steps"] == train_efficiency.fast_steps(e["fast_settings"], e["baseline_steps"], curve), name
         if "max_steps" in e["fast_settings"]:  # a shorter budget: its own run met the entry's bar in those steps
             check = e["budget_check"]
             assert check["steps"] == e["steps"] and check["bar"] and all(c["passed"] for c in check["bar"]), name
     assert kept["projected"] == train_efficiency.projected(kept["entries"])
+    # the baseline's runs were those of the commit measured against (runs/ is the same there as in this tree until
+    # the retrain replaces it): each entry's recorded steps and curve are that commit's files
+    baseline = kept["baseline_code"]
+    shown = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{baseline}^{{commit}}"], capture_output=True)
+    if shown.returncode == 0:  # a clone with the history (a shallow one lacks the commit)
+        for name, e in kept["entries"].items():
+            summary = subprocess.run(["git", "-C", str(ROOT), "show", f"{baseline}:runs/{name}/train_summary.json"],
+                                     capture_output=True, text=True, check=True).stdout
+            assert e["baseline_steps"] == json.loads(summary)["steps"], name
 
 
 def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_other_changes(tmp_path, monkeypatch):
