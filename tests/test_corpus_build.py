@@ -248,5 +248,8 @@ def test_package_versions_leave_the_prepared_data_as_it_was_and_a_changed_corpus
     assert sum(grown["pairs"].values()) - sum(runs["old"]["pairs"].values()) == 20
     assert re.fullmatch(r"pairs: \+20 added, −0 removed; by split, moves between them included: "
                         r"test \+\d+ −\d+, train \+\d+ −\d+, val \+\d+ −\d+", lines[2]), lines[2]
-    # Without the recorded data in the cache only the packages can be compared.
+    # Without the recorded data in the cache only the packages can be compared; a first record is counted.
     assert changes("houses", grown, None, tmp_path / "grown", origin["new"], origin["new"]) == []
+    assert changes("houses", grown, None, tmp_path / "grown", {}, origin["new"]) == [
+        "houses: the data dvc.lock records is not in this DVC cache to compare with",
+        "packages: 1 recorded in data/provenance/houses.json, none before to compare with"]

@@ -96,7 +96,10 @@ def changes(task_name: str, manifest: dict, before: dict[str, Path] | None, out:
             origin_before: dict, origin_after: dict) -> list[str]:
     """What prepare tells a user whose data is not the one dvc.lock records (nothing when it is)."""
     packages = package_changes(origin_before, origin_after)
-    moved = [f"packages: {', '.join(packages)}"] if packages else []
+    if origin_before or not packages:
+        moved = [f"packages: {', '.join(packages)}"] if packages else []
+    else:  # the first record: every package is new, so their count, not their names
+        moved = [f"packages: {len(packages)} recorded in data/provenance/{task_name}.json, none before to compare with"]
     if before is None or "manifest.json" not in before:
         return moved and [f"{task_name}: the data dvc.lock records is not in this DVC cache to compare with", *moved]
     if json.loads(before["manifest.json"].read_text()).get("files") == manifest["files"]:
