@@ -177,7 +177,7 @@ def test_channels_last_lays_out_the_convolutions_and_rounds_less_than_bf16(arch)
     """train.memory_format: channels_last: the convolution weights and the feature maps are channel-minor, the
     Parameters the optimizer holds are the same objects, the loss is the default layout's, and every gradient is
     the float64 one to within less than bf16 autocast's rounding (the precision these entries train at: the
-    fast profile pairs the two). A different summation order only: bias gradients ahead of a batch norm, zero in
+    entries set both in params.yaml). A different summation order only: bias gradients ahead of a batch norm, zero in
     exact arithmetic, are left out."""
     import models
     from pipeline.training.memory import lay_out
