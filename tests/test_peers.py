@@ -57,6 +57,13 @@ def test_opennmt_gets_the_entrys_recipe(smoke_translation, tmp_path):
     assert config["batch_type"] == "tokens" and config["batch_size"] == t.max_tokens
     assert config["dropout"] == [m.get("dropout", 0.1)] and config["label_smoothing"] == m.get("label_smoothing", 0.1)
     assert config["share_decoder_embeddings"] is True and config["max_grad_norm"] == t.grad_clip
+    # docs/benchmarks.md's OpenNMT-py column trained with dropout 0.1 whatever the recipe's: --dropout
+    other = yaml.safe_load(peers.onmt_config(tmp_path, root, dropout=0.1))
+    assert other["dropout"] == other["attention_dropout"] == [0.1]
+    def rest(c: dict) -> dict:
+        return {k: v for k, v in c.items() if "dropout" not in k}
+
+    assert rest(other) == rest(config)
     # noam's peak, at step = warmup: learning_rate * dim^-0.5 * warmup^-0.5, attnzoo's lr
     peak = config["learning_rate"] * config["hidden_size"] ** -0.5 * config["warmup_steps"] ** -0.5
     assert math.isclose(peak, t.lr, rel_tol=1e-5) and config["warmup_steps"] == t.warmup_steps

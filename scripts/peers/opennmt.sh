@@ -4,6 +4,7 @@
 # not part of `make setup`.
 #
 #   bash scripts/peers/opennmt.sh [MINUTES] [WORKDIR]      (default 20 minutes, ~/.cache/attnzoo/peers/opennmt)
+#   DROPOUT=0.1 bash scripts/peers/opennmt.sh ...           another dropout than models.transformer's
 #
 # Writes WORKDIR/{data,config.yaml,train.log,model_step_*.pt}. A checkpoint is saved every 100 steps, so
 # that scripts/peers/peers.py picks the last one saved within the budget (the log's elapsed seconds).
@@ -26,7 +27,7 @@ mkdir -p "$work"
 rm -f "$work"/model_step_*.pt
 "$python" "$root/scripts/peers/export_data.py" "$work/data"
 # The recipe of models.transformer in params.yaml, in OpenNMT-py's words (pipeline/config.py resolves it).
-"$python" "$root/scripts/peers/peers.py" onmt-config "$work" > "$work/config.yaml"
+"$python" "$root/scripts/peers/peers.py" onmt-config "$work" ${DROPOUT:+--dropout "$DROPOUT"} > "$work/config.yaml"
 echo "training OpenNMT-py for $minutes min on $threads threads (log: $work/train.log)"
 # SIGINT at the budget (+1 min for the checkpoint due then); exit 124/130 is the budget, not a failure.
 OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads timeout -s INT "$((minutes + 1))m" \

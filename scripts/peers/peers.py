@@ -3,6 +3,7 @@
 Subcommands (attnzoo's own environment):
 
     onmt-config WORK          print OpenNMT-py's config.yaml: models.transformer's recipe in its words
+                              (--dropout P: another dropout, e.g. 0.1, OpenNMT-py's own default)
     onmt-pick WORK MINUTES    the last OpenNMT-py checkpoint saved within MINUTES of training, and its
                               training throughput (target tokens/s, the log's own figure)
     score HYP                 test BLEU and chrF of a file of pieces or text, by the evaluate stage's code
@@ -31,12 +32,13 @@ DATA = ROOT / "data" / "prepared" / "translation_de_en"
 MODEL = "transformer"
 
 
-def onmt_config(work: Path, root: Path = ROOT) -> str:
+def onmt_config(work: Path, root: Path = ROOT, dropout: float | None = None) -> str:
     """models.transformer's architecture, batching, optimiser and regularisation as OpenNMT-py 3.5 options.
 
     The schedule is OpenNMT-py's own (noam: the same warm-up, then inverse square root; noam's
     ``learning_rate`` is scaled so that its peak equals attnzoo's ``lr``). Checkpoint averaging is
     left out: OpenNMT-py averages offline (tools/average_models.py), outside a wall-clock budget.
+    ``dropout``: in place of the recipe's (on the embeddings, the residuals and the attention weights).
     """
     import yaml
 
@@ -44,6 +46,7 @@ def onmt_config(work: Path, root: Path = ROOT) -> str:
 
     run = resolve(MODEL, root=root)
     m, t = run.model, run.train
+    drop = m.get("dropout", 0.1) if dropout is None else dropout
     dim = m.get("dim", 256)
     d = work / "data"
     config = {
@@ -56,7 +59,7 @@ def onmt_config(work: Path, root: Path = ROOT) -> str:
         "encoder_type": "transformer", "decoder_type": "transformer", "position_encoding": True,
         "enc_layers": m.get("enc_layers", 3), "dec_layers": m.get("dec_layers", 3), "heads": m.get("heads", 4),
         "hidden_size": dim, "word_vec_size": dim, "transformer_ff": m.get("ff_dim", 1024),
-        "dropout": [m.get("dropout", 0.1)], "attention_dropout": [m.get("dropout", 0.1)],
+        "dropout": [drop], "attention_dropout": [drop],
         "label_smoothing": m.get("label_smoothing", 0.1), "share_decoder_embeddings": m.get("tie_output", True),
         "param_init": 0.0, "param_init_glorot": True,
         "batch_type": "tokens", "batch_size": t.max_tokens or 2048, "valid_batch_size": t.max_tokens or 2048,
@@ -166,7 +169,9 @@ def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("onmt-config").add_argument("work", type=Path)
+    p = sub.add_parser("onmt-config")
+    p.add_argument("work", type=Path)
+    p.add_argument("--dropout", type=float, help="another dropout than models.transformer's")
     p = sub.add_parser("onmt-pick")
     p.add_argument("work", type=Path)
     p.add_argument("minutes", type=float)
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.cmd == "onmt-config":
-        print(onmt_config(args.work), end="")
+        print(onmt_config(args.work, dropout=args.dropout), end="")
     elif args.cmd == "onmt-pick":
         print(json.dumps(onmt_pick(args.work, args.minutes)))
     elif args.cmd == "score":
