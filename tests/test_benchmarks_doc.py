@@ -202,3 +202,16 @@ def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_othe
     with pytest.raises(SystemExit, match=r"ntm's settings in params.yaml differ from those measured by more "
                                          r"than max_steps; measure it again with --entries ntm"):
         train_efficiency.main(args)
+
+
+def test_a_validation_accuracy_quoted_from_a_learning_curve_is_the_curves():
+    """"N % at step S (`runs/<entry>/learning_curves/val_loss.csv`)": the file's val_token_acc at that step."""
+    import csv
+
+    quoted = re.findall(r"([\d.]+) % at step ([\d,]+) \(`(runs/\w+/learning_curves/val_loss\.csv)`\)",
+                        " ".join(_text().split()))
+    assert quoted
+    for pct, step, path in quoted:
+        with open(ROOT / path) as f:
+            acc = {int(r["step"]): float(r["val_token_acc"]) for r in csv.DictReader(f)}
+        assert round(100 * acc[int(step.replace(",", ""))], 1) == float(pct), (path, step, pct)
