@@ -269,3 +269,19 @@ def test_readme_plots_commands_draw_the_learning_curve_they_name():
             steps = [int(p[x]) for p in points]
             assert len(points) >= 3 and steps == sorted(steps), (name, steps)
             assert all(math.isfinite(float(p[y])) for p in points), (name, y)
+
+
+def test_the_stated_output_sizes_are_dvc_locks():
+    """docs/troubleshooting.md's sizes of the pipeline's outputs: `dvc.lock`'s `size` fields, summed by kind (to the
+    tenth of a GiB stated)."""
+    kinds = {"prepared data": lambda p: p.startswith("data/prepared/"),
+             "checkpoints": lambda p: p.endswith("/checkpoint"),
+             "published versions": lambda p: p.startswith("model_repository/"),
+             "ONNX graphs": lambda p: p.endswith(("/onnx", "/int8"))}
+    outs = [o for stage in yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"].values()
+            for o in stage.get("outs", [])]
+    text = " ".join((ROOT / "docs" / "troubleshooting.md").read_text().split())
+    for kind, of_kind in kinds.items():
+        stated = float(re.search(rf"{kind} ([\d.]+) GiB", text).group(1))
+        total = sum(o.get("size", 0) for o in outs if of_kind(o["path"])) / 2**30
+        assert abs(stated - total) <= 0.05, (kind, stated, round(total, 2))
