@@ -168,10 +168,7 @@ def resolve(
     """
     root = Path(root)
     params = params if params is not None else load_params(root)
-    entries = params.get("models", {})
-    if name not in entries:
-        raise UserError(f"unknown model entry '{name}'; params.yaml lists: {', '.join(entries)}")
-    entry = entries[name]
+    entry = _entry(params, name)
     data_dir = root / "data" / "prepared" / entry["task"]
     run_dir = root / "runs" / name
     model_cfg = dict(read_manifest(data_dir).get("model_defaults", {}))
@@ -196,6 +193,14 @@ def resolve(
     return RunConfig(name=name, arch=entry["arch"], task=entry["task"], model=model_cfg, train=train,
                      data_dir=data_dir, run_dir=run_dir, search_space=entry.get("search_space", {}),
                      **_stage_blocks(name, entry, params))
+
+
+def _entry(params: dict, name: str) -> dict:
+    """The entry ``name`` of params.yaml's ``models``, or one sentence listing the entries there are."""
+    entries = params.get("models") or {}
+    if name not in entries:
+        raise UserError(f"unknown model entry '{name}'; params.yaml lists: {', '.join(entries)}")
+    return entries[name]
 
 
 def _stage_blocks(name: str, entry: dict, params: dict) -> dict:
@@ -283,9 +288,7 @@ def trained(name: str, folder: Path | None = None, root: Path = ROOT, params: di
     """
     root = Path(root)
     params = params if params is not None else load_params(root)
-    entry = (params.get("models") or {}).get(name)
-    if entry is None:
-        raise UserError(f"unknown model entry '{name}'; params.yaml lists: {', '.join(params.get('models') or {})}")
+    entry = _entry(params, name)
     run_dir = Path(folder) if folder is not None else root / "runs" / name
     path = run_dir / "checkpoint" / "best" / "config.json"
     if not path.is_file():

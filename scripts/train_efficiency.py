@@ -446,11 +446,11 @@ def entry_figures(work: Path, name: str, repeats: int, peak: dict) -> dict:
     settings = fast["settings"]
     gflop = base["gflop_per_step"]
     limit = peak["peak"][base["precision"]]
-    curve = val_curve(name)
-    out = {"baseline_steps": committed_steps(name), "baseline_val_curve": curve,
+    baseline_steps, curve = committed_steps(name), val_curve(name)
+    out = {"baseline_steps": baseline_steps, "baseline_val_curve": curve,
            "baseline_steps_per_s": round(sps["baseline"], 3),
            "baseline_steps_per_s_2_threads": round(two["steps_per_s"], 3),
-           "steps": fast_steps(settings, committed_steps(name), curve), "steps_per_s": round(sps["fast"], 3),
+           "steps": fast_steps(settings, baseline_steps, curve), "steps_per_s": round(sps["fast"], 3),
            "compile_s": round(statistics.median(m["compile_s"] for m in runs["fast"]), 1),
            "gflop_per_step": round(gflop, 3), "precision": base["precision"], "fast_precision": fast["precision"],
            "peak_gflops": limit["1"]["gflops"], "peak_gflops_2_threads": limit["2"]["gflops"],

@@ -147,7 +147,7 @@ class LocalClient(Client):
 
     def _versions(self, name: str) -> dict[int, dict]:
         from serving.repository import NAME_RE
-        from serving.version import VERSION_RE
+        from serving.version import versions_in
 
         folder = self.root / name
         if not NAME_RE.match(name) or not folder.is_dir():
@@ -155,8 +155,8 @@ class LocalClient(Client):
             where = f"; {self.root} holds: {', '.join(known)}" if known else \
                 f"; {self.root} holds no models (run `dvc repro` to publish, or pass --repository DIR)"
             raise LocalError(404, f"unknown model '{name}'{where}")
-        return {int(v.name): json.loads((v / "metadata.json").read_text())
-                for v in folder.iterdir() if VERSION_RE.match(v.name) and (v / "metadata.json").exists()}
+        return {v: json.loads((folder / str(v) / "metadata.json").read_text())
+                for v in versions_in(folder) if (folder / str(v) / "metadata.json").exists()}
 
     def _load(self, name: str, version: str | int | None):
         from serving.kinds import load_version

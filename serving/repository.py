@@ -27,7 +27,7 @@ from serving.admission import Memory
 from serving.base import GraphModel, ServedModel
 from serving.kinds import load_version
 from serving.protocol import RequestError
-from serving.version import VERSION_RE, check_version  # noqa: F401  (load_version runs the check)
+from serving.version import VERSION_RE, versions_in
 
 log = logging.getLogger("attnzoo.serving")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -91,9 +91,8 @@ class Repository:
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and NAME_RE.match(p.name)):
             if only is not None and model_dir.name != only:
                 continue
-            for version_dir in sorted((p for p in model_dir.iterdir() if p.is_dir() and VERSION_RE.match(p.name)),
-                                      key=lambda p: int(p.name)):
-                found[(model_dir.name, int(version_dir.name))] = version_dir
+            for version in versions_in(model_dir):
+                found[(model_dir.name, version)] = model_dir / str(version)
         return found
 
     def load_one(self, name: str, version: int, folder: Path) -> bool:

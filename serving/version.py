@@ -65,11 +65,12 @@ def files_sha256(folder: Path) -> dict[str, str]:
 
 
 def write(folder: Path, name: str, version: int, onnx_dir: Path, serving: dict, meta: dict,
-          artifacts: list[Path], engine: Path | None = None) -> dict:
+          artifacts: list[Path], engine: Path | None, identity: str) -> dict:
     """Fill the empty ``folder`` as version ``version`` of model ``name``: the graphs of ``onnx_dir``, the task's
     ``artifacts``, the ``engine`` folder, the bundled serving code where Triton runs a loop, and metadata.json
-    (``meta``, the lineage and metrics, with the layout's own fields). Returns the metadata written. Making it a
-    version (an atomic rename beside the others) is the caller's."""
+    (``meta``, the lineage and metrics, with the layout's own fields; ``identity``: :func:`digest` of these graphs,
+    serving block and engine, which the caller has compared with the newest version's). Returns the metadata
+    written. Making it a version (an atomic rename beside the others) is the caller's."""
     graphs = sorted(p.stem for p in Path(onnx_dir).glob("*.onnx"))
     for graph in graphs:
         shutil.copy2(onnx_dir / f"{graph}.onnx", folder / f"{graph}.onnx")
@@ -83,7 +84,7 @@ def write(folder: Path, name: str, version: int, onnx_dir: Path, serving: dict, 
             (folder / "serving" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(SERVING_DIR / f, folder / "serving" / f)
     meta = {"model": name, **meta, "version": version, "graphs": graphs, "serving": serving,
-            "artifacts": [a.name for a in artifacts], "graph_sha256": digest(onnx_dir, serving, engine),
+            "artifacts": [a.name for a in artifacts], "graph_sha256": identity,
             "files_sha256": files_sha256(folder)}  # what every loader checks before it serves the version
     (folder / "metadata.json").write_text(json.dumps(meta, indent=1))
     return meta

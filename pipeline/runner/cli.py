@@ -62,7 +62,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     import json
 
     from pipeline.config import ROOT, load_params
-    from serving.version import VERSION_RE  # ASCII digits only: "²".isdigit() is true, int("²") fails
+    from serving.version import versions_in
 
     root = Path(root or ROOT)
     rows = []
@@ -72,8 +72,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
         if not entry.get("bar"):
             passed = None  # a baseline, e.g. an ablation without attention
         folder = root / "model_repository" / name
-        versions = sorted((int(v.name) for v in folder.iterdir() if v.is_dir() and VERSION_RE.match(v.name)),
-                          reverse=True) if folder.is_dir() else []
+        versions = versions_in(folder)[::-1] if folder.is_dir() else []  # newest first
         rows.append({"name": name, "arch": entry["arch"], "task": entry["task"],
                      "bar": {True: "met", False: "not met", None: "no bar", "?": "not evaluated"}[passed],
                      "published": versions})

@@ -92,10 +92,7 @@ def _strip_metadata(proto) -> None:
     """Clear ``metadata_props`` on the model, its functions, and every graph (subgraphs of Loop
     and If included), node and named value in them."""
     del proto.metadata_props[:]
-    graphs = [proto.graph]
-    for fn in proto.functions:
-        del fn.metadata_props[:]
-        graphs.append(fn)  # a function's nodes and values nest like a graph's
+    graphs = [proto.graph, *proto.functions]  # a function's nodes and values nest like a graph's
     while graphs:
         graph = graphs.pop()
         del graph.metadata_props[:]

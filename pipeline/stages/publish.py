@@ -117,14 +117,14 @@ def write_version(repo: Path, name: str, onnx_dir: Path, serving: dict, meta: di
     """
     repo.mkdir(parents=True, exist_ok=True)
     clear_dead(repo)  # what a killed publish left: never a version, but part of the DVC output
-    versions = versions_in(repo)
+    versions, identity = versions_in(repo), digest(onnx_dir, serving, engine)
     if versions:
         latest = json.loads((repo / str(versions[-1]) / "metadata.json").read_text())
-        if latest.get("graph_sha256") == digest(onnx_dir, serving, engine):
+        if latest.get("graph_sha256") == identity:
             return latest, False, None
     version = (versions[-1] + 1) if versions else 1
     tmp = scratch_beside(repo / str(version))  # not a version name: the server never reads it
-    meta = write(tmp, name, version, onnx_dir, serving, meta, artifacts, engine)
+    meta = write(tmp, name, version, onnx_dir, serving, meta, artifacts, engine, identity)
     served = served_metadata(name, version, tmp)  # loaded once: the card, Triton's config and the registry use it
     (tmp / "MODEL_CARD.md").write_text(model_card(meta, served))
     sync_folder(tmp)  # on disk before the rename makes it a version
