@@ -615,6 +615,10 @@ def _budget_runs_only(args, names: list[str]) -> int:
                              f"more than max_steps; measure it again with --entries {name}")
         entry.update(fast_settings=now, steps=fast_steps(now, entry["baseline_steps"], entry["baseline_val_curve"]))
         entry["ratio"] = ratio(entry)
+        if "max_steps" not in now:  # the baseline's budget again: no shorter budget to give evidence for
+            entry.pop("budget_check", None)
+            print(f"{name}: the baseline's budget, {entry['steps']:,} steps", flush=True)
+            continue
         entry["budget_check"] = check = budget_check(name, entry, args.budget_run)
         print(f"{name}: {check}", flush=True)
     kept["projected"] = projected(kept["entries"])
