@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # the code in the tree, in batches of tasks, each batch taking its stages off this list as it records them.
 # The list only shrinks: a listed stage that is current fails the test too, so it is taken off in the same
 # change that brought it up to date.
-_TASKS = ("translation_de_en",)
-_ENTRIES = ("bahdanau", "bahdanau_none", "luong_concat", "luong_dot", "luong_general", "luong_local_p", "transformer")
+_REPORTS = ("translation_de_en",)   # report@: its task's entries are not all trained again yet
+_ENTRIES = ("bahdanau_none", "luong_concat", "luong_dot", "luong_local_p")
 KNOWN_STALE: set[str] = {
-    *(f"{kind}@{task}" for kind in ("prepare", "report") for task in _TASKS),
+    *(f"report@{task}" for task in _REPORTS),
     *(f"{kind}@{entry}" for kind in ("tune", "train", "evaluate", "export", "quantize", "publish")
       for entry in _ENTRIES),
 }
