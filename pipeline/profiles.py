@@ -20,8 +20,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
-# The checkout's results: a new work folder starts without them (its own pipeline makes its own).
-OWN_OUTPUTS = ("dvc.lock", "runs", "results", "reports", "model_repository", "data/task_code")
+# The checkout's results: a new work folder starts without them (its own pipeline makes its own; the
+# checkout's data/provenance describes the full data, which a profile's prepare@ replaces).
+OWN_OUTPUTS = ("dvc.lock", "runs", "results", "reports", "model_repository", "data/task_code", "data/provenance")
 
 
 class ProfileError(RuntimeError):
