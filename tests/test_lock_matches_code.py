@@ -17,19 +17,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Stages recorded with older code that a retraining has not reached yet: every entry is trained again with
-# the code in the tree, in batches of tasks, each batch taking its stages off this list as it records them.
-# The list only shrinks: a listed stage that is current fails the test too, so it is taken off in the same
-# change that brought it up to date.
-_REPORTS = ("translation_de_en",)   # report@: its task's entries are not all trained again yet
-_ENTRIES = ("bahdanau_none", "luong_concat", "luong_dot", "luong_local_p")
-KNOWN_STALE: set[str] = {
-    *(f"report@{task}" for task in _REPORTS),
-    *(f"{kind}@{entry}" for kind in ("tune", "train", "evaluate", "export", "quantize", "publish")
-      for entry in _ENTRIES),
-}
-
-
 def stale_stages(root: Path = ROOT) -> dict[str, list[str]]:
     """``{stage: [what differs]}`` for every stage whose recorded command, code or params differ."""
     from dvc.repo import Repo
@@ -59,10 +46,7 @@ def stale_stages(root: Path = ROOT) -> dict[str, list[str]]:
 @pytest.mark.slow
 def test_dvc_lock_records_the_code_and_params_in_the_tree():
     stale = stale_stages()
-    new = {stage: why for stage, why in stale.items() if stage not in KNOWN_STALE}
-    assert not new, ("dvc.lock records other code or params than the tree for: "
-                     + "; ".join(f"{s} ({', '.join(sorted(w))})" for s, w in sorted(new.items()))
-                     + ". Re-run them (attnzoo repro STAGE), or dvc commit STAGE where the change "
-                       "provably cannot alter the result")
-    fixed = KNOWN_STALE - set(stale)
-    assert not fixed, f"now current, take them off KNOWN_STALE: {sorted(fixed)}"
+    assert not stale, ("dvc.lock records other code or params than the tree for: "
+                       + "; ".join(f"{s} ({', '.join(sorted(w))})" for s, w in sorted(stale.items()))
+                       + ". Re-run them (attnzoo repro STAGE), or dvc commit STAGE where the change "
+                         "provably cannot alter the result")
