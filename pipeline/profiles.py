@@ -20,9 +20,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
-# The checkout's results: a new work folder starts without them (its own pipeline makes its own; the
-# checkout's data/provenance describes the full data, which a profile's prepare@ replaces).
-OWN_OUTPUTS = ("dvc.lock", "runs", "results", "reports", "model_repository", "data/task_code", "data/provenance")
+
+
+def own_outputs(root: Path) -> tuple[str, ...]:
+    """``dvc.lock`` and the folder of every output ``dvc.yaml`` declares (an output's path up to its first
+    ``${``; a path without one, itself): a new work folder starts without the checkout's results, since
+    its own pipeline makes its own (``data/provenance`` describes the full data, which a profile's
+    ``prepare@`` replaces). Read from ``dvc.yaml``, so a stage's new output is never copied over a profile's."""
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    found = {"dvc.lock"}
+    for stage in stages.values():
+        body = stage.get("do", stage)  # foreach stages keep their definition under do:
+        for kind in ("outs", "metrics", "plots"):
+            for out in body.get(kind) or []:
+                path = next(iter(out)) if isinstance(out, dict) else out  # {path: {cache: false}} or path
+                found.add(path.split("${")[0].rsplit("/", 1)[0] if "${" in path else path.rstrip("/"))
+    return tuple(sorted(found))
 
 
 class ProfileError(RuntimeError):
@@ -103,8 +116,9 @@ def lay_out(root: Path, workdir: Path, name: str, keep: list[str] | None = None)
     if workdir == root.resolve() or root.resolve() in workdir.parents:
         raise ProfileError(f"--workdir {workdir} is inside the checkout; give a folder outside it")
     workdir.mkdir(parents=True, exist_ok=True)
+    own = own_outputs(root)
     for rel in _checkout_files(root):
-        if any(rel == out or rel.startswith(out + "/") for out in OWN_OUTPUTS) or not (root / rel).is_file():
+        if any(rel == out or rel.startswith(out + "/") for out in own) or not (root / rel).is_file():
             continue
         dest = workdir / rel
         if dest.is_file() and dest.read_bytes() == (root / rel).read_bytes():
