@@ -9,10 +9,12 @@ Subcommands (attnzoo's own environment):
     score HYP                 test BLEU and chrF of a file of pieces or text, by the evaluate stage's code
     attnzoo-bleu CHECKPOINT   test BLEU / chrF of an attnzoo checkpoint folder (beam, as evaluate@transformer)
     attnzoo-speed RUN_DIR     attnzoo's training throughput: target tokens of the steps taken / train_seconds
+    attnzoo-progress CKPT     the step and training seconds an attnzoo checkpoint (a run's `last`) was saved at
     ct2-bleu CT2_DIR          test BLEU / chrF of a CTranslate2 model (either toolkit's, converted), beam 5;
                               --source-eos for attnzoo's (its sources end with </s>)
 
-scripts/peers/opennmt.sh runs the peer; docs/benchmarks.md ("Peers") has the commands and figures.
+scripts/peers/opennmt.sh runs the peer, scripts/peers/attnzoo.sh attnzoo's run with its budget point;
+docs/benchmarks.md ("Peers") has the commands and figures.
 """
 
 from __future__ import annotations
@@ -156,6 +158,18 @@ def attnzoo_speed(run_dir: Path) -> dict:
             "target_tokens_per_s": round(tokens / summary["train_seconds"])}
 
 
+def attnzoo_progress(checkpoint_dir: Path) -> dict:
+    """Where a saved ``last`` checkpoint stood: its step and the training seconds up to it (``train_seconds``
+    as the run's summary counts them)."""
+    import torch
+
+    from pipeline.checkpoint import TRAINER_GLOBALS
+
+    with torch.serialization.safe_globals(TRAINER_GLOBALS):
+        state = torch.load(checkpoint_dir / "trainer.pt", weights_only=True)["state"]
+    return {"checkpoint": str(checkpoint_dir), "step": state["step"], "train_seconds": round(state["seconds"], 1)}
+
+
 def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
     """Both toolkits' models decoded by one engine: the same beam search, length normalisation
     (log p / length) and 100-piece limit as attnzoo's loop, 32 sentences a call."""
@@ -180,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--beam", type=int, default=5)
     sub.add_parser("attnzoo-speed").add_argument("run_dir", type=Path)
+    sub.add_parser("attnzoo-progress").add_argument("checkpoint", type=Path)
     p = sub.add_parser("ct2-bleu")
     p.add_argument("folder", type=Path)
     p.add_argument("--beam", type=int, default=5)
@@ -194,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(score(detok(args.hyp.read_text().splitlines()), test_refs())))
     elif args.cmd == "attnzoo-bleu":
         print(json.dumps(attnzoo_bleu(args.checkpoint, args.beam)))
+    elif args.cmd == "attnzoo-progress":
+        print(json.dumps(attnzoo_progress(args.checkpoint)))
     elif args.cmd == "ct2-bleu":
         print(json.dumps(ct2_bleu(args.folder, args.beam, args.source_eos, args.threads)))
     else:
