@@ -9,7 +9,8 @@
 #
 # Writes WORKDIR/run (train_summary.json, checkpoint/{best,last}) and WORKDIR/at_<MINUTES>min; then
 #   python scripts/peers/peers.py attnzoo-speed WORKDIR/run
-#   python scripts/peers/peers.py attnzoo-bleu WORKDIR/at_<MINUTES>min      (its step and training seconds too)
+#   python scripts/peers/peers.py attnzoo-bleu WORKDIR/at_<MINUTES>min      (and WORKDIR/run/checkpoint/best)
+# (the script ends by printing the kept checkpoint's step and training seconds: peers.py attnzoo-progress).
 set -euo pipefail
 minutes=${1:-20}
 cache=${ATTNZOO_CACHE:-$HOME/.cache/attnzoo}
