@@ -275,7 +275,7 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     bar; the per-graph and per-thread milliseconds stay in docs/bench_inference.json."""
     spelled = " ".join(map(str, threads))
     # Rows re-measured later (--write-docs with model names) may come from another machine: each row's
-    # ratios are from one run on one machine, and a mark names where the later ones ran.
+    # ratios are from one run on one machine, and a mark names the command and machine of the later ones.
     first, *later = runs_of(rows)
     marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
     flags = "" if re.search(r"AVX|SSE|NEON|SVE", first[0]) else " (the run recorded no CPU flags)"
@@ -290,8 +290,8 @@ def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
              "/ argmax equal fp32's.", ""]
     for (where, when), mark in marks.items():
         names = " ".join(r["model"] for r in rows if run_of(r) == (where, when))
-        lines.append(f"- {mark} Re-measured on {where} ({when}), after retraining: `python scripts/bench_inference.py "
-                     f"{names} --threads {spelled} --repeats {repeats} --write-docs`.")
+        lines.append(f"- {mark} These rows: `python scripts/bench_inference.py {names} --threads {spelled} "
+                     f"--repeats {repeats} --write-docs` on {where}.")
     lines += [""] if marks else []
 
     sizes = sorted({int(s) for r in rows for at in r["by_threads"].values() for s in at["loop_ms"]})
