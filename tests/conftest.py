@@ -184,6 +184,32 @@ def arch(request):
 
 
 @pytest.fixture
+def save_last(tmp_path):
+    """``save_last(state)`` writes tmp_path/last as a training's ``save_last`` does (a tiny NTM, an optimizer
+    that has taken a step so it has state to save, numpy's RNG state among ``state``, as in a real run) and
+    returns (model, optimizer, scheduler)."""
+    def write(state: dict):
+        from models import build
+        from pipeline.checkpoint import save
+        from pipeline.config import RunConfig, TrainConfig
+        from pipeline.training.resume import rng_state
+
+        torch.manual_seed(0)
+        model = build("ntm", TINY["ntm"])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        run = RunConfig(name="t", arch="ntm", task="copy", model=TINY["ntm"], train=TrainConfig(),
+                        data_dir=tmp_path, run_dir=tmp_path)
+        save(tmp_path / "last", model, run, optimizer, scheduler, {**state, "rng": [rng_state()]})
+        return model, optimizer, scheduler
+
+    return write
+
+
+@pytest.fixture
 def ntm_copy_root(tmp_path, monkeypatch):
     """A repository root for a tiny NTM on a tiny copy task: 8 steps of 8, validated every 4, lr 0.01."""
     from pipeline.stages.prepare import prepare

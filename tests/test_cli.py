@@ -228,21 +228,13 @@ def test_serving_commands_run_without_the_training_stack(tmp_path):
     assert helped.returncode == 0 and "usage: attnzoo serve" in helped.stdout, helped.stderr
 
 
-def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys):
+def test_a_pulled_trainer_state_is_data_never_code(tmp_path, capsys, save_last):
     """``load_last`` resumes from what ``save`` writes (optimizer, schedule, every RNG state) with
     ``torch.load(weights_only=True)``; a planted ``trainer.pt`` that would run code is refused and the
     run starts fresh (the same file under ``weights_only=False`` does run: the plant is real)."""
     from pipeline.checkpoint import load_last
-    from pipeline.training.resume import rng_state
 
-    torch.manual_seed(0)
-    model = models.build("ntm", TINY["ntm"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    for p in model.parameters():  # a step, so the optimizer has state (exp_avg, step) to save
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    save(tmp_path / "last", model, _run(tmp_path), optimizer, scheduler, {"hash": "h", "step": 7, "rng": [rng_state()]})
+    model, optimizer, scheduler = save_last({"hash": "h", "step": 7})
     resumed = load_last(tmp_path, "h", models.build("ntm", TINY["ntm"]), optimizer, scheduler)
     assert resumed["step"] == 7 and set(resumed["rng"][0]) == {"torch", "numpy", "python"}
     assert resumed["rng"][0]["numpy"][1].dtype.name == "uint32"  # numpy's state came back as an array

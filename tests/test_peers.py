@@ -111,23 +111,7 @@ def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
         transformer_recipe.main(["--work", str(tmp_path / "w"), "--only", "recipe", "--recipe-run", str(run)])
 
 
-def test_attnzoo_progress_reads_where_a_last_checkpoint_stood(tmp_path):
-    import torch
-
-    from models import build
-    from pipeline.checkpoint import save
-    from pipeline.config import RunConfig, TrainConfig
-    from pipeline.training.resume import rng_state
-    from tests.conftest import TINY
-
-    torch.manual_seed(0)
-    model = build("ntm", TINY["ntm"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    run = RunConfig(name="t", arch="ntm", task="copy", model=TINY["ntm"], train=TrainConfig(),
-                    data_dir=tmp_path, run_dir=tmp_path)
-    # the state a training's save_last writes: numpy's RNG state among it, as in a real run
-    save(tmp_path / "last", model, run, optimizer, scheduler,
-         {"step": 2500, "seconds": 1165.54, "best": 2.1, "hash": "h", "rng": [rng_state()]})
+def test_attnzoo_progress_reads_where_a_last_checkpoint_stood(tmp_path, save_last):
+    save_last({"step": 2500, "seconds": 1165.54, "best": 2.1, "hash": "h"})
     assert peers.attnzoo_progress(tmp_path / "last") == {"checkpoint": str(tmp_path / "last"), "step": 2500,
                                                           "train_seconds": 1165.5}
