@@ -5,12 +5,15 @@
 Starts `attnzoo serve` on model_repository/, sends raw German test sentences (the server tokenizes)
 NTM sequences (copy, associative recall) and caption canvases, and compares with the checkpoints in runs/ run by
 PyTorch: greedy (`model.predict`) and beam search translations, NTM bits and logits, greedy
-captions and their attention. Models not in model_repository/ are skipped. Exits 1 on any difference.
+captions and their attention. Models not in model_repository/ are skipped. Exits 1 on any difference, except
+a beam search that parted from PyTorch's at a near-tie (its cut within the entry's parity atol).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -28,44 +31,91 @@ from pipeline.graphs import TorchGraph  # noqa: E402
 from pipeline.tasks import get_task  # noqa: E402
 from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
+from serving import decode  # noqa: E402
 from serving.client import Client  # noqa: E402
 from serving.decode import BEAM, beam_search, search_options  # noqa: E402
 
 
+@contextlib.contextmanager
+def recorded_cuts(cuts: list[float]):
+    """Inside, every beam search records at each step the score gap at its beam's cut: between the last
+    live candidate it keeps and the first it drops. Two engines whose log-probabilities differ by float
+    rounding (1e-6 here) can keep different hypotheses where that gap is as small, and end apart."""
+    base = decode._Search
+
+    class Recording(base):
+        def advance(self, logp: np.ndarray, attention: np.ndarray):
+            if self.no_repeat_ngram:  # as advance blocks them (idempotent: the entries become -inf)
+                decode._block_repeats(logp, self.hyps, self.no_repeat_ngram)
+            total = (self.scores[:, None] + logp).reshape(-1)  # [K*V], as advance ranks them
+            live = [total[f] for f in decode.top_order(total, 2 * self.beam + 1)
+                    if f % logp.shape[1] != self.eos and np.isfinite(total[f])]
+            if len(live) > self.beam:
+                cuts.append(float(live[self.beam - 1] - live[self.beam]))
+            return super().advance(logp, attention)
+
+    decode._Search = Recording
+    try:
+        yield
+    finally:
+        decode._Search = base
+
+
+def served_engine(name: str) -> str:
+    """The engine of the model's newest published version (the one the server answers by default)."""
+    folder = ROOT / "model_repository" / name
+    version = max(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+    return (json.loads((folder / str(version) / "metadata.json").read_text()).get("engine") or {}).get(
+        "name", "onnxruntime")
+
+
 def translation(client: Client, name: str, n: int) -> bool:
+    """Greedy: tokens identical to ``model.predict``'s. Beam: tokens identical to the same search over
+    the PyTorch graphs, or the reference search met a near-tie at its cut (within the entry's parity
+    atol), where either engine's choice is as good; a version served by CTranslate2 runs that library's
+    own beam search, whose agreement is reported, not required (publish gates it on the whole test set).
+    Alignments within 1e-4 where tokens agree: the beam's, or under CTranslate2 (its alignment is the
+    last decoder layer's heads averaged) the greedy one's against that average of PyTorch's."""
     import sentencepiece as spm
 
     run = resolve(name)
     model, _ = load_model(run.run_dir / "checkpoint" / "best")
-    task = TranslationTask()
+    task, ct2 = TranslationTask(), served_engine(name) == "ctranslate2"
     items = task.load(run.data_dir, "test")[:n]
     en = spm.SentencePieceProcessor(model_file=str(run.data_dir / "spm.en.model"))
     texts = [it["src_text"] for it in items]
     served = []
     for start in range(0, n, 16):
         served += client.translate(name, texts[start : start + 16], "greedy")
-    greedy_same = 0
+    greedy_same, worst = 0, 0.0
     for start in range(0, n, 16):
-        chunk = items[start : start + 16]
-        out = model.predict(task.collate(chunk))
+        out = model.predict(task.collate(items[start : start + 16]))
         for row, res in enumerate(served[start : start + 16]):
-            greedy_same += res["translation"] == en.decode(out["tokens"][row, : out["lengths"][row]].tolist())
+            same = res["translation"] == en.decode(out["tokens"][row, : out["lengths"][row]].tolist())
+            greedy_same += same
+            if same and ct2:
+                t, s = res["attention"].shape
+                last = out["attention_heads"][row, :t, -1].mean(dim=1)[:, :s].numpy()  # [T,L,H,S] -> [T,S]
+                worst = max(worst, float(np.abs(res["attention"] - last).max()))
     specs = model.export_graphs()
     enc, step = TorchGraph(specs["encoder"]), TorchGraph(specs["decoder_step"])
-    beam = run.evaluate.get("beam", BEAM)
-    beam_same, worst = 0, 0.0
+    beam, tie = run.evaluate.get("beam", BEAM), run.parity.get("atol", 1e-4)
+    beam_same, ties = 0, 0
     for it in items:
         (res,) = client.translate(name, [it["src_text"]], "beam")
-        src = np.array([it["src"]], dtype=np.int64)
-        ref = beam_search(enc, step, src, np.array([src.shape[1]]), model.cfg.bos_id, model.cfg.eos_id,
-                          model.cfg.max_len, beam=beam, **search_options(run.evaluate))
+        src, cuts = np.array([it["src"]], dtype=np.int64), []
+        with recorded_cuts(cuts):
+            ref = beam_search(enc, step, src, np.array([src.shape[1]]), model.cfg.bos_id, model.cfg.eos_id,
+                              model.cfg.max_len, beam=beam, **search_options(run.evaluate))
         same = res["translation"] == en.decode(ref["tokens"].tolist())
         beam_same += same
-        if same:
+        ties += not same and min(cuts, default=np.inf) <= tie
+        if same and not ct2:
             worst = max(worst, float(np.abs(res["attention"] - ref["attention"][:, : res["attention"].shape[1]]).max()))
-    print(f"{name}: greedy identical {greedy_same}/{n}, beam {beam} identical {beam_same}/{n}, "
-          f"largest alignment difference {worst:.2e}")
-    return greedy_same == n and beam_same == n
+    print(f"{name}{' (CTranslate2)' if ct2 else ''}: greedy identical {greedy_same}/{n}, beam {beam} identical "
+          f"{beam_same}/{n} ({n - beam_same - ties} apart without a near-tie at the reference's cut"
+          f"{': its own search, reported, not required' if ct2 else ''}), largest alignment difference {worst:.2e}")
+    return greedy_same == n and (ct2 or beam_same + ties == n) and worst <= 1e-4
 
 
 def ntm(client: Client, name: str, splits: tuple[str, ...], n: int) -> bool:
@@ -112,6 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=200)
     ap.add_argument("--canvases", type=int, default=2000)
+    ap.add_argument("--models", nargs="+", help="check only these (default: every published one it knows)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +182,8 @@ def main() -> None:
                   "sat_hard": lambda: captions(client, "sat_hard", args.canvases)}
         ok = True
         for name, check in checks.items():
+            if args.models and name not in args.models:
+                continue
             if not (ROOT / "model_repository" / name).is_dir():
                 print(f"{name}: skipped (not in model_repository/)")
                 continue
