@@ -34,6 +34,8 @@ from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving import decode  # noqa: E402
 from serving.client import Client  # noqa: E402
 from serving.decode import BEAM, beam_search, search_options  # noqa: E402
+from serving.repository import default_version  # noqa: E402
+from serving.version import versions_in  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -62,11 +64,11 @@ def recorded_cuts(cuts: list[float]):
 
 
 def served_engine(name: str) -> str:
-    """The engine of the model's newest published version (the one the server answers by default)."""
+    """The engine of the version the server answers without one in the URL (its default version)."""
     folder = ROOT / "model_repository" / name
-    version = max(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-    return (json.loads((folder / str(version) / "metadata.json").read_text()).get("engine") or {}).get(
-        "name", "onnxruntime")
+    metas = {v: json.loads((folder / str(v) / "metadata.json").read_text()) for v in versions_in(folder)}
+    version, _ = default_version(metas)
+    return ((metas.get(version) or {}).get("engine") or {}).get("name", "onnxruntime")
 
 
 def translation(client: Client, name: str, n: int) -> bool:
