@@ -143,12 +143,26 @@ async def load(url: str, body: bytes, requests: int, concurrency: int) -> dict:
     return {"rps": requests / wall, "p50_ms": p50, "p99_ms": p99, "errors": errors}
 
 
+def served_folder(repo: Path, model: str) -> Path:
+    """The version folder a server of ``repo`` answers ``model`` with (its default version, else the newest:
+    what :func:`served_path` asks for), so that requests are built with, and the in-process column runs,
+    the graphs and tokenizer that are benchmarked."""
+    from serving.repository import default_version
+    from serving.version import versions_in
+
+    folder = repo / model
+    metas = {v: json.loads((folder / str(v) / "metadata.json").read_text()) for v in versions_in(folder)}
+    if not metas:
+        raise SystemExit(f"{folder} holds no published version: run `dvc repro publish@{model}` first")
+    version, _ = default_version(metas)
+    return folder / str(max(metas) if version is None else version)
+
+
 def bodies(repo: Path) -> dict[str, tuple[str, bytes]]:
     """A realistic single request per benchmarked model (one row)."""
     import sentencepiece as spm
 
-    version = max(int(p.name) for p in (repo / "bahdanau").iterdir() if p.name.isdigit())
-    sp = spm.SentencePieceProcessor(model_file=str(repo / "bahdanau" / str(version) / "spm.de.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(served_folder(repo, "bahdanau") / "spm.de.model"))
     src = sp.encode(SENTENCE) + [2]
     enc = {"inputs": [{"name": "src", "shape": [1, len(src)], "datatype": "INT64", "data": src},
                       {"name": "src_len", "shape": [1], "datatype": "INT64", "data": [len(src)]}],
@@ -167,8 +181,7 @@ def inprocess(repo: Path, batch: int, iters: int) -> dict[str, dict]:
     from serving.runtime import OrtGraph
 
     torch.set_num_threads(os.cpu_count() or 1)
-    version = max(int(p.name) for p in (repo / "bahdanau").iterdir() if p.name.isdigit())
-    ort_graph = OrtGraph(repo / "bahdanau" / str(version) / "encoder.onnx", "cpu")
+    ort_graph = OrtGraph(served_folder(repo, "bahdanau") / "encoder.onnx", "cpu")
     model, _ = load_model(ROOT / "runs" / "bahdanau" / "checkpoint" / "best")
     module = model.export_graphs()["encoder"].module.eval()
     rng = np.random.default_rng(0)

@@ -408,6 +408,24 @@ def test_benchmark_raw_load_generator_counts_every_answer(server):
     assert asyncio.run(bench.load_raw(f"{server.url}/v2/models/act/infer", bad, 10, 2))["errors"] == 10
 
 
+def test_benchmark_builds_its_requests_from_the_version_the_server_answers(tmp_path):
+    """scripts/bench_serving.py reads the tokenizer and graphs of the default version (promoted, else parity and
+    bar passed), not of the newest folder; with none of those, the newest (which it then names in the URL)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serving", ROOT / "scripts" / "bench_serving.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    metas = {1: {"production": True}, 2: {"production": False}, 3: {"parity_passed": False}}
+    for version, meta in metas.items():
+        (tmp_path / "m" / str(version)).mkdir(parents=True)
+        (tmp_path / "m" / str(version) / "metadata.json").write_text(json.dumps(meta))
+    (tmp_path / "m" / "tmp.4").mkdir()  # a publish in progress is no version
+    assert bench.served_folder(tmp_path, "m") == tmp_path / "m" / "1"
+    (tmp_path / "m" / "1" / "metadata.json").write_text(json.dumps({"production": False}))
+    assert bench.served_folder(tmp_path, "m") == tmp_path / "m" / "3"
+
+
 # ---- bad input: 4xx with a clear error, the server stays up -----------------------------------
 def _x(shape=(1, 2, 5), datatype="FP32", data=None, name="x"):
     return {"inputs": [{"name": name, "shape": list(shape), "datatype": datatype,
