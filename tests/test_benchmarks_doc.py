@@ -15,7 +15,9 @@ import pytest
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "peers"))
 import bench_inference  # noqa: E402
+import decode_bench  # noqa: E402
 import gpu_check  # noqa: E402
 import train_efficiency  # noqa: E402
 
@@ -46,6 +48,17 @@ def test_the_block_names_the_machine_of_every_run_in_the_json():
     for row in kept["rows"]:
         lines = [line for line in block.splitlines() if re.match(rf"\| {re.escape(row['model'])}\W* \|", line)]
         assert [line.split(" | ")[2] for line in lines] == ["fp32", "int8"], row["model"]
+
+
+def test_the_decode_table_is_the_render_of_the_committed_runs_of_one_plan():
+    runs = json.loads((ROOT / "docs" / "peers_decode.json").read_text())
+    assert decode_bench.table(runs) in _text()
+    assert f"on the {runs['machine'].replace(', ', ' ', 1).rsplit(', ', 1)[0]}" in _text()  # the machine named
+    # `decode_bench.py --all` is what made them: run i is the plan's i-th (threads, precision, engines)
+    made = {r["run"]: (r["threads"], r["precision"]) for r in runs["rows"]}
+    assert [made[i] for i in sorted(made)] == [(t, p) for t, p, _ in decode_bench.PLAN]
+    for i, (_, _, engines) in enumerate(decode_bench.PLAN, 1):
+        assert {r["engine"] for r in runs["rows"] if r["run"] == i} == set(engines)
 
 
 def test_check_docs_exits_1_when_the_block_differs(tmp_path, monkeypatch):

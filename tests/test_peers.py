@@ -115,3 +115,37 @@ def test_attnzoo_progress_reads_where_a_last_checkpoint_stood(tmp_path, save_las
     save_last({"step": 2500, "seconds": 1165.54, "best": 2.1, "hash": "h"})
     assert peers.attnzoo_progress(tmp_path / "last") == {"checkpoint": str(tmp_path / "last"), "step": 2500,
                                                           "train_seconds": 1165.5}
+
+
+def test_the_decode_table_is_the_runs_later_rows_fastest_in_bold():
+    import decode_bench
+
+    def row(run, engine, precision, threads, batch, speed, same):
+        return {"run": run, "engine": engine, "precision": precision, "threads": threads, "batch": batch,
+                "sentences_per_s": speed, "same_as_onnx": same}
+
+    runs = {"ctranslate2": "9.9", "rows": [
+        row(1, "ctranslate2", "fp32", 1, 32, 60.0, 0.95), row(1, "onnx", "fp32", 1, 32, 25.0, 1.0),
+        row(2, "ctranslate2", "fp32", 2, 32, 80.0, 0.95), row(2, "onnx", "fp32", 2, 32, 30.0, 1.0),
+        row(3, "onnx", "fp32", 2, 32, 90.0, 1.0),  # measured again in a later run: its row is shown
+        row(3, "server", "fp32", 2, 32, 28.5, 1.0), row(3, "ctranslate2", "int8", 2, 1, 12.5, 0.784)]}
+    lines = decode_bench.table(runs).splitlines()
+    assert lines[0].startswith("| engine (sentences/s at 2 threads / 1 thread) | fp32, batch 32 | fp32, batch 1 |")
+    assert lines[1] == "|---|---|---|---|---|---|"
+    assert lines[2] == "| CTranslate2 9.9 | 80.0 / **60.0** | — / — | — / — | **12.5** / — | 95.0 % / — |"
+    loop = "| attnzoo, ONNX Runtime loop (`LocalClient`) |"
+    assert lines[3] == loop + " **90.0** / 25.0 | — / — | — / — | — / — | — / — |"
+    assert lines[4] == "| attnzoo server, ONNX Runtime loop | 28.5 / — | — / — | — / — | — / — | 100.0 % / — |"
+    assert len(lines) == 5  # engines never measured get no row
+
+
+def test_each_decode_run_is_added_to_its_file_with_the_machine(tmp_path):
+    import decode_bench
+
+    path = tmp_path / "decode.json"
+    decode_bench.add_run(path, [{"engine": "onnx", "sentences_per_s": 1.0}])
+    decode_bench.add_run(path, [{"engine": "ctranslate2", "sentences_per_s": 2.0}, {"engine": "onnx"}])
+    runs = json.loads(path.read_text())
+    assert [(r["engine"], r["run"]) for r in runs["rows"]] == [("onnx", 1), ("ctranslate2", 2), ("onnx", 2)]
+    assert runs["machine"] == decode_bench.machine() and "cores" in runs["machine"]
+    assert set(runs) == {"machine", "ctranslate2", "onnxruntime", "rows"}

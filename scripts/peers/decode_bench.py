@@ -22,13 +22,17 @@ engine translated two sentences (loading), and the share of sentences whose outp
 loop's at the same precision.
 
     python scripts/peers/decode_bench.py [--ct2 CT2_DIR] [--ct2-int8 CT2_INT8_DIR] [--sentences N] [--json OUT]
+    python scripts/peers/decode_bench.py --all --json docs/peers_decode.json   # the docs' eight runs
+    python scripts/peers/decode_bench.py --table docs/peers_decode.json        # their table
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -123,6 +127,19 @@ def side_by_side(repository: Path, name: str, out: Path) -> dict[str, int]:
     return {"onnxruntime": 1, engine: 2}
 
 
+def machine() -> str:
+    """The CPU the rows were measured on (model name, family and model: a Zen 4 and a Zen 5 EPYC differ
+    1.6x on the same work) and its core count."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", platform.processor() or platform.machine())
+    family = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+    return f"{name}{family}, {os.cpu_count()} cores"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,6 +221,80 @@ def bench(args, scratch: Path) -> list[dict]:
     return rows
 
 
+# docs/benchmarks.md's runs, in order: (threads, precision, engines). One CTranslate2 model a process, so
+# CTranslate2 and attnzoo's CTranslate2 engine never share one; the ONNX loop runs beside either.
+PLAN = [(1, "fp32", ["ctranslate2", "onnx"]), (1, "fp32", ["attnzoo-ct2"]),
+        (1, "int8", ["ctranslate2", "onnx"]), (1, "int8", ["attnzoo-ct2"]),
+        (2, "int8", ["onnx", "attnzoo-ct2", "server-ct2"]), (2, "int8", ["ctranslate2", "onnx"]),
+        (2, "fp32", ["ctranslate2", "onnx", "server"]), (2, "fp32", ["onnx", "attnzoo-ct2", "server-ct2"])]
+
+
+def run_plan(argv: list[str]) -> None:
+    """``--all``: each of :data:`PLAN`'s runs as a process of its own, with the caller's other arguments."""
+    for i, (threads, precision, engines) in enumerate(PLAN, 1):
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--threads", str(threads),
+               "--precisions", precision, "--engines", *engines]
+        print(f"run {i} of {len(PLAN)}: {' '.join(cmd[2:])}", flush=True)
+        if subprocess.run(cmd).returncode:
+            raise SystemExit(f"decode_bench: run {i} failed; the runs before it are in the --json file")
+
+
+def add_run(path: Path, rows: list[dict]) -> None:
+    """Add ``rows`` to ``path`` as its next run, with the machine and library versions they were measured with
+    (one machine a file: the table compares its runs)."""
+    import ctranslate2
+    import onnxruntime
+
+    runs = json.loads(path.read_text()) if path.exists() else {"rows": []}
+    run = max((r["run"] for r in runs["rows"]), default=0) + 1
+    runs.update(machine=machine(), ctranslate2=ctranslate2.__version__, onnxruntime=onnxruntime.__version__)
+    runs["rows"] += [{**row, "run": run} for row in rows]
+    path.write_text(json.dumps(runs, indent=1) + "\n")
+
+
+ENGINES = {"ctranslate2": "CTranslate2 {ctranslate2}", "attnzoo-ct2": "attnzoo, CTranslate2 engine (`LocalClient`)",
+           "server-ct2": "attnzoo server, CTranslate2 engine", "onnx": "attnzoo, ONNX Runtime loop (`LocalClient`)",
+           "server": "attnzoo server, ONNX Runtime loop"}
+CELLS = [("fp32", 32), ("fp32", 1), ("int8", 32), ("int8", 1)]
+
+
+def table(runs: dict) -> str:
+    """docs/benchmarks.md's decode table from the runs of a ``--json`` file (``{"ctranslate2": version, "rows":
+    [...]}``, each row with its ``run``): sentences/s at the highest / lowest thread count measured, the fastest engine
+    of each column in bold, and the share of sentences translated as by the ONNX loop (batch 32). Where two runs
+    measured one cell (the ONNX loop runs beside each engine), the later run's row is shown."""
+    ordered = sorted(runs["rows"], key=lambda r: r["run"])
+    cell = {(r["engine"], r["precision"], r["batch"], r["threads"]): r for r in ordered}
+    threads = sorted({t for *_, t in cell}, reverse=True)
+    best = {(p, b, t): max(r["sentences_per_s"] for (_, p2, b2, t2), r in cell.items() if (p2, b2, t2) == (p, b, t))
+            for _, p, b, t in cell}
+
+    def speed(engine: str, p: str, b: int) -> str:
+        out = []
+        for t in threads:
+            r = cell.get((engine, p, b, t))
+            out.append("—" if r is None else f"**{r['sentences_per_s']}**" if r["sentences_per_s"] == best[p, b, t]
+                       else str(r["sentences_per_s"]))
+        return " / ".join(out)
+
+    def same(engine: str) -> str:
+        shares = []
+        for p in ("fp32", "int8"):
+            r = next((cell[k] for t in threads if (k := (engine, p, 32, t)) in cell), None)
+            shares.append("—" if r is None or r["same_as_onnx"] is None or engine == "onnx"
+                          else f"{100 * r['same_as_onnx']:.1f} %")
+        return " / ".join(shares)
+
+    per = " / ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
+    lines = [f"| engine (sentences/s at {per}) | " + " | ".join(f"{p}, batch {b}" for p, b in CELLS)
+             + " | same as the ONNX loop (fp32 / int8) |", "|---" * (len(CELLS) + 2) + "|"]
+    for engine, label in ENGINES.items():
+        if any(k[0] == engine for k in cell):
+            lines.append(f"| {label.format(**runs)} | " + " | ".join(speed(engine, p, b) for p, b in CELLS)
+                         + f" | {same(engine)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ct2", type=Path, help="CTranslate2 model of the fp32 weights (default: the newest "
@@ -219,8 +310,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--max-len", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--json", type=Path, help="add the rows to this file as its next run (a new file: run 1)")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="print docs/benchmarks.md's table from the runs "
+                    "in JSON (docs/peers_decode.json) and measure nothing")
+    ap.add_argument("--all", action="store_true", help="the docs' eight runs, each in its own process (needs --json)")
     args = ap.parse_args(argv)
+    if args.all:
+        if not args.json:
+            ap.error("--all adds its eight runs to a file: give it --json FILE")
+        run_plan([a for a in (sys.argv[1:] if argv is None else argv) if a != "--all"])
+        return
+    if args.json and args.json.exists():
+        with contextlib.suppress(ValueError, KeyError):
+            if json.loads(args.json.read_text())["machine"] != machine():
+                ap.error(f"{args.json} holds runs of another machine; write these to a new file")
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     args.ct2 = args.ct2 or newest(args.repository, MODEL) / "ctranslate2"
     args.ct2_int8 = args.ct2_int8 or newest(args.repository, f"{MODEL}-int8") / "ctranslate2"
     for folder in {args.ct2, args.ct2_int8}:
@@ -235,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         rows = bench(args, Path(scratch))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        add_run(args.json, rows)
 
 
 if __name__ == "__main__":
