@@ -147,15 +147,17 @@ def served_folder(repo: Path, model: str) -> Path:
     """The version folder a server of ``repo`` answers ``model`` with (its default version, else the newest:
     what :func:`served_path` asks for), so that requests are built with, and the in-process column runs,
     the graphs and tokenizer that are benchmarked."""
+    from serving.client import LocalClient, LocalError
     from serving.repository import default_version
-    from serving.version import versions_in
 
-    folder = repo / model
-    metas = {v: json.loads((folder / str(v) / "metadata.json").read_text()) for v in versions_in(folder)}
+    try:
+        metas = LocalClient(repo)._versions(model)  # each version's metadata.json, as --local reads them
+    except LocalError as e:
+        raise SystemExit(f"error: {e}") from None
     if not metas:
-        raise SystemExit(f"{folder} holds no published version: run `dvc repro publish@{model}` first")
+        raise SystemExit(f"{repo / model} holds no published version: run `dvc repro publish@{model}` first")
     version, _ = default_version(metas)
-    return folder / str(max(metas) if version is None else version)
+    return repo / model / str(max(metas) if version is None else version)
 
 
 def bodies(repo: Path) -> dict[str, tuple[str, bytes]]:

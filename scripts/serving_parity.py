@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import socket
 import subprocess
 import sys
@@ -32,10 +31,9 @@ from pipeline.tasks import get_task  # noqa: E402
 from pipeline.tasks.mnist_captions import WORDS, MnistCaptionsTask  # noqa: E402
 from pipeline.tasks.translation_de_en import TranslationTask  # noqa: E402
 from serving import decode  # noqa: E402
-from serving.client import Client  # noqa: E402
+from serving.client import Client, LocalClient  # noqa: E402
 from serving.decode import BEAM, beam_search, search_options  # noqa: E402
 from serving.repository import default_version  # noqa: E402
-from serving.version import versions_in  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -65,8 +63,7 @@ def recorded_cuts(cuts: list[float]):
 
 def served_engine(name: str) -> str:
     """The engine of the version the server answers without one in the URL (its default version)."""
-    folder = ROOT / "model_repository" / name
-    metas = {v: json.loads((folder / str(v) / "metadata.json").read_text()) for v in versions_in(folder)}
+    metas = LocalClient(ROOT / "model_repository")._versions(name)  # each version's metadata.json, as --local reads
     version, _ = default_version(metas)
     return ((metas.get(version) or {}).get("engine") or {}).get("name", "onnxruntime")
 

@@ -42,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_peak  # noqa: E402  (the CPU's name, family and model)
 
 DATA = ROOT / "data" / "prepared" / "translation_de_en"
 MODEL = "transformer"
@@ -128,16 +130,11 @@ def side_by_side(repository: Path, name: str, out: Path) -> dict[str, int]:
 
 
 def machine() -> str:
-    """The CPU the rows were measured on (model name, family and model: a Zen 4 and a Zen 5 EPYC differ
-    1.6x on the same work) and its core count."""
-    fields = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name", platform.processor() or platform.machine())
-    family = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
-    return f"{name}{family}, {os.cpu_count()} cores"
+    """The CPU the rows were measured on (model name, family and model, as scripts/bench_peak.py reads them: a
+    Zen 4 and a Zen 5 EPYC differ 1.6x on the same work) and its core count."""
+    info = bench_peak.cpu_info()
+    family = f", family {info['family']} model {info['model']}" if info.get("family") else ""
+    return f"{info['model_name'] or platform.machine()}{family}, {os.cpu_count()} cores"
 
 
 def free_port() -> int:
