@@ -136,6 +136,24 @@ def _one_torchlib_registry():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_left_behind():
+    """``mlflow.set_tracking_uri`` (``pipeline.tracking.setup`` calls it) is process-global and outranks
+    MLFLOW_TRACKING_URI: left set, it sends a later test on the same worker to an earlier test's store, e.g. a
+    module's server that has since stopped ("connection refused" for the minutes of MLflow's retries). Each test
+    ends with none set and the variable as it found it (clearing the URI unsets the variable)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return
+    mlflow.set_tracking_uri(None)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fast_lane_starts_nothing():
     """Session-wide, so a module's or the session's fixtures (a server, a published repository) are held
