@@ -269,29 +269,38 @@ def ratio(eager: float, ort: float) -> str:
     return f"{eager / ort:.2f}"
 
 
+def command(run: tuple[str, str], rows: list[dict], spelled: str, repeats: int) -> str:
+    """The command that measured ``run``'s rows: a dated run re-measured the models it names (--write-docs with
+    names); the undated one is the first full run."""
+    names = " ".join(r["model"] for r in rows if run_of(r) == run) + " " if run[1] else ""
+    return (f"python scripts/bench_inference.py {names}--threads {spelled} --repeats {repeats}"
+            + (" --write-docs" if run[1] else ""))
+
+
+def no_flags(machine: str) -> str:
+    return "" if re.search(r"AVX|SSE|NEON|SVE", machine) else " (the run recorded no CPU flags)"
+
+
 def markdown(rows: list[dict], threads: list[int], repeats: int) -> str:
     """The block of docs/benchmarks.md: one line per model and ONNX Runtime variant, the whole loop's
     speed-up over PyTorch eager at batch 1 and 32 for each thread count, each engine's fastest and the
     bar; the per-graph and per-thread milliseconds stay in docs/bench_inference.json."""
     spelled = " ".join(map(str, threads))
     # Rows re-measured later (--write-docs with model names) may come from another machine: each row's
-    # ratios are from one run on one machine, and a mark names the command and machine of the later ones.
+    # ratios are from one run on one machine, and a mark names the command and machine of the others.
     first, *later = runs_of(rows)
     marks = {run: "†‡§¶"[i] for i, run in enumerate(later)}
-    flags = "" if re.search(r"AVX|SSE|NEON|SVE", first[0]) else " (the run recorded no CPU flags)"
     lines = [START, "",
-             f"`python scripts/bench_inference.py --threads {spelled} --repeats {repeats}` on {first[0]}"
-             + (f" ({first[1]})" if first[1] else "") + f"; median of {repeats} repeats{flags}. "
+             f"`{command(first, rows, spelled, repeats)}` on {first[0]}" + (f" ({first[1]})" if first[1] else "")
+             + f"; median of {repeats} repeats{no_flags(first[0])}. "
              "× = PyTorch eager ms / ONNX Runtime ms for the whole inference loop (> 1: ONNX Runtime faster), "
              "both engines at the thread count of the column; *fastest* compares each engine at its fastest "
              "thread count, as a user would run either, and is what the bar applies to (fp32: ≥ 1.5× for a "
              "looping model and ≥ 1.3× for a single graph at batch 1, ≥ 1× at batch 32). int8: dynamic "
              "quantisation with the quantize@ stage's recipe, remade by the script; *same* = rows whose tokens "
              "/ argmax equal fp32's.", ""]
-    for (where, when), mark in marks.items():
-        names = " ".join(r["model"] for r in rows if run_of(r) == (where, when))
-        lines.append(f"- {mark} These rows: `python scripts/bench_inference.py {names} --threads {spelled} "
-                     f"--repeats {repeats} --write-docs` on {where}.")
+    for run, mark in marks.items():
+        lines.append(f"- {mark} These rows: `{command(run, rows, spelled, repeats)}` on {run[0]}{no_flags(run[0])}.")
     lines += [""] if marks else []
 
     sizes = sorted({int(s) for r in rows for at in r["by_threads"].values() for s in at["loop_ms"]})

@@ -200,9 +200,25 @@ def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured()
     table = bench_inference.markdown(rows, kept["threads"], kept["repeats"])
     assert f"--repeats {kept['repeats']}` on AMD EPYC, 2 cores;" in table
     assert f"† These rows: `python scripts/bench_inference.py {rows[0]['model']} --threads " in table
-    assert "--write-docs` on Other CPU, 8 cores." in table and "2026-12-01" not in table
+    assert "--write-docs` on Other CPU, 8 cores (the run recorded no CPU flags)." in table and "2026-12-01" not in table
     marked = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "†" in line}
     assert marked == {rows[0]["model"] + "†"}, marked
+
+
+def test_benchmark_table_marks_the_full_run_with_its_own_command_once_a_later_run_has_more_rows():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_inference
+
+    kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())
+    rows = [bench_inference.from_json(r) for r in kept["rows"][:3]]
+    for row in rows[:2]:
+        row.update(machine="AMD EPYC, 2 cores, AVX-512", date="2026-12-05")
+    rows[2].update(machine="AMD EPYC, 2 cores", date=None)
+    table = bench_inference.markdown(rows, [1, 2], 5)
+    head = f"`python scripts/bench_inference.py {rows[0]['model']} {rows[1]['model']} --threads 1 2 --repeats 5 "
+    assert head + "--write-docs` on AMD EPYC, 2 cores, AVX-512 (2026-12-05); median of 5 repeats. " in table
+    assert ("- † These rows: `python scripts/bench_inference.py --threads 1 2 --repeats 5` on AMD EPYC, 2 cores "
+            "(the run recorded no CPU flags).") in table
 
 
 def _readme_commands() -> list[list[str]]:
