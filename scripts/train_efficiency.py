@@ -289,8 +289,9 @@ def rendered(path: Path = JSON_OUT) -> str:
              "compile seconds added once. Projected time: steps ÷ steps/s (+ compile). Loss Δ: the largest "
              "relative difference between the two variants' training losses on the same batches from the same "
              "initial weights, step by step over the steps compared (the speed runs', or `--learn-steps N`). "
-             "Val ¼: how much the committed run's validation loss still fell over its last quarter of steps "
-             "(`runs/<entry>/learning_curves/val_loss.csv`: the best before 75 % of the steps against the best). "
+             "Val ¼: how much the baseline's run's validation loss still fell over its last quarter of steps "
+             "(BASE's `runs/<entry>/learning_curves/val_loss.csv`: the best before 75 % of the steps against the "
+             "best). "
              "GEMM time (`python scripts/gemm_ceiling.py`, 5 fast steps on 1 thread, profiled): the share of a step "
              "in its matrix products; bound: the % of peak the step would reach with its products at the peak and "
              "everything else as it is.", "",
@@ -304,8 +305,8 @@ def rendered(path: Path = JSON_OUT) -> str:
                      f"| {e['compile_s']:.0f} | {e['ratio']:.2f} | {_same(e)} | {last_quarter_fall(e):.1%} "
                      f"| {_ceiling(e)} |")
     again = f" (`--entries {' '.join(kept['measured_again'])}` measured again)" if kept.get("measured_again") else ""
-    lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s today, "
-              f"{proj['fast_s']:,} s with the speed settings: **{proj['ratio']:.2f}×**."
+    lines += ["", f"Projected training time of these entries{again}: {proj['baseline_s']:,} s with the baseline's "
+              f"recipe, {proj['fast_s']:,} s with the speed settings: **{proj['ratio']:.2f}×**."
               f"{_budgets(kept)}{_ceilings(kept)}",
               "", END]
     return "\n".join(lines)
@@ -340,10 +341,10 @@ def _budget_evidence(entry: dict) -> str:
     check = entry.get("budget_check")
     if not check:  # patience: where it stops the committed run's own curve
         patience = entry["fast_settings"].get("patience")
-        return f": patience {patience} on the committed validation curve" if patience else ""
+        return f": patience {patience} on the baseline's validation curve" if patience else ""
     then = check["committed_at_equal_time"]
     bars = ", ".join(f"{c['metric']} {c['measured']:g} (bar {c['op']} {c['value']:g})" for c in check["bar"])
-    return (f": best validation loss {check['best_val_loss']:.3g}, the committed run's {then['best_val_loss']:.3g} in "
+    return (f": best validation loss {check['best_val_loss']:.3g}, the baseline's run's {then['best_val_loss']:.3g} in "
             f"the same wall time (by step {then['step']:,}); {bars}")
 
 
