@@ -14,9 +14,9 @@ largest case repeated to 32 rows. The int8 graphs are remade here into a tempora
 recipe of ``quantize@<model>`` (``pipeline.stages.quantize.quantize_graphs``: onnxruntime's dynamic
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
-the fp32 graphs'. Each repeat times eager, fp32 and int8 in turn (the machine is
-noisy: compare within one row); the figure is the median of the repeats, in ms. At t threads
-PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t
+the fp32 graphs'. Each model is measured in a process of its own; each repeat times eager, fp32 and
+int8 in turn (the machine is noisy: compare within one row); the figure is the median of the repeats,
+in ms. At t threads PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t
 intra-op threads, a looping model's graphs with one each and a batch's rows split over t loops at
 once (``serving.decode.split_rows``).
 """
@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -353,6 +354,38 @@ def with_table(text: str, table: str) -> str:
     return text.rstrip() + "\n\n## Inference: ONNX Runtime vs PyTorch, fp32 and int8\n\n" + table + "\n"
 
 
+def bench_apart(name: str, root: Path, threads: list[int], repeats: int) -> dict:
+    """``bench_model`` in a process of its own. One model's run leaves PyTorch's threads in a state that can slow
+    the next model's eager loop a hundredfold (``rnn_parity``'s, batch 32 on 2 threads: ~20 ms after
+    ``pointer_hull`` in the same process, 0.15 ms in a fresh one), so each row starts from a fresh interpreter, as
+    a server or a user's script does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        proc = subprocess.run([sys.executable, __file__, name, "--root", str(root), "--threads", *map(str, threads),
+                               "--repeats", str(repeats), "--row-json", str(out)])
+        if proc.returncode:
+            raise SystemExit(f"error: {name}: its benchmark process exited with {proc.returncode} (its output above)")
+        return from_json(json.loads(out.read_text()))
+
+
+def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
+    """The rows of the ``names`` trained and published in ``args.root``, each measured in its own process."""
+    rows, missing = [], []
+    for name in names:
+        if not (args.root / "runs" / name / "checkpoint" / "best").is_dir() or latest_graphs(name, args.root) is None:
+            missing.append(name)
+            continue
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        rows.append({**bench_apart(name, args.root, args.threads, args.repeats), "machine": machine(),
+                     "date": time.strftime("%Y-%m-%d")})
+    if missing:
+        print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
+              file=sys.stderr)
+    if not rows:
+        raise SystemExit("error: no model to benchmark: train and export one first")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help="params.yaml entries (default: every entry trained in this checkout)")
@@ -369,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check-docs", action="store_true",
                     help=f"measure nothing: exit 1 when the generated block of {DOCS.name} differs from a fresh "
                          f"render of {JSON_OUT.name}")
+    ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # one model, its row to this file
     args = ap.parse_args(argv)
     if args.render_docs or args.check_docs:
         if args.models or args.write_docs:
@@ -389,19 +423,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(args.models) - set(entries))
     if unknown:
         raise SystemExit(f"error: not params.yaml entries: {', '.join(unknown)}")
-    rows, missing = [], []
-    for name in args.models or entries:
-        if not (args.root / "runs" / name / "checkpoint" / "best").is_dir() or latest_graphs(name, args.root) is None:
-            missing.append(name)
-            continue
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        rows.append({**bench_model(name, args.root, args.threads, args.repeats), "machine": machine(),
-                     "date": time.strftime("%Y-%m-%d")})
-    if missing:
-        print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
-              file=sys.stderr)
-    if not rows:
-        raise SystemExit("error: no model to benchmark: train and export one first")
+    if args.row_json:  # one model's row, for bench_apart
+        (name,) = args.models
+        args.row_json.write_text(json.dumps(bench_model(name, args.root, args.threads, args.repeats)))
+        return
+    rows = measure(args.models or entries, args)
     if args.write_docs and args.models and JSON_OUT.exists():
         kept = json.loads(JSON_OUT.read_text())
         if kept["threads"] != args.threads or kept["repeats"] != args.repeats:
