@@ -371,13 +371,13 @@ def bench_apart(name: str, root: Path, threads: list[int], repeats: int) -> dict
 def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
     """The rows of the ``names`` trained and published in ``args.root``, each measured in its own process."""
     rows, missing = [], []
+    run = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}  # one run: the table keys its rows by these
     for name in names:
         if not (args.root / "runs" / name / "checkpoint" / "best").is_dir() or latest_graphs(name, args.root) is None:
             missing.append(name)
             continue
         print(f"{name} ...", file=sys.stderr, flush=True)
-        rows.append({**bench_apart(name, args.root, args.threads, args.repeats), "machine": machine(),
-                     "date": time.strftime("%Y-%m-%d")})
+        rows.append({**bench_apart(name, args.root, args.threads, args.repeats), **run})
     if missing:
         print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
               file=sys.stderr)

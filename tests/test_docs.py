@@ -186,14 +186,19 @@ def test_results_table_is_generated_from_the_committed_metrics():
     assert cells[4].split(";")[0] == f"{bleu:.2f}", (cells[4], bleu)
 
 
-def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured():
-    # docs/benchmarks.md's inference table: a row re-measured later (here listed first, as bahdanau is)
-    # carries a mark naming its command and machine; the header names the run the other rows come from.
+def _inference_rows(n: int) -> tuple[object, dict, list[dict]]:
+    """scripts/bench_inference.py, the committed docs/bench_inference.json and its first ``n`` rows as measured."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench_inference
 
     kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())
-    rows = [bench_inference.from_json(r) for r in kept["rows"][:3]]
+    return bench_inference, kept, [bench_inference.from_json(r) for r in kept["rows"][:n]]
+
+
+def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured():
+    # docs/benchmarks.md's inference table: a row re-measured later (here listed first, as bahdanau is)
+    # carries a mark naming its command and machine; the header names the run the other rows come from.
+    bench_inference, kept, rows = _inference_rows(3)
     rows[0].update(machine="Other CPU, 8 cores", date="2026-12-01")
     for row in rows[1:]:
         row.update(machine="AMD EPYC, 2 cores", date=None)
@@ -206,11 +211,7 @@ def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured()
 
 
 def test_benchmark_table_marks_the_full_run_with_its_own_command_once_a_later_run_has_more_rows():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_inference
-
-    kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())
-    rows = [bench_inference.from_json(r) for r in kept["rows"][:3]]
+    bench_inference, _, rows = _inference_rows(3)
     for row in rows[:2]:
         row.update(machine="AMD EPYC, 2 cores, AVX-512", date="2026-12-05")
     rows[2].update(machine="AMD EPYC, 2 cores", date=None)
