@@ -1,0 +1,61 @@
+"""scripts/bench_inference.py measures a real exported model in a process of its own: a checkout with a
+prepared task, a checkpoint and its ONNX graphs, as `attnzoo repro export@<model>` leaves them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from pipeline.checkpoint import save
+from pipeline.config import load_params, resolve
+from pipeline.stages.export import export_onnx
+from pipeline.stages.prepare import prepare
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_inference  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A checkout holding act_parity as export@ leaves it: a seeded (untrained) model of params.yaml's
+    config, its checkpoint and graphs, over a small prepared parity task."""
+    root = tmp_path_factory.mktemp("checkout")
+    (root / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    small = {**load_params(ROOT)["tasks"]["parity"], "train_size": 64, "val_size": 64, "test_size": 64}
+    prepare("parity", small, root / "data" / "prepared" / "parity")
+    run = resolve("act_parity", root=root)
+    torch.manual_seed(0)
+    model = models.build(run.arch, run.model).eval()
+    save(run.run_dir / "checkpoint" / "best", model, run)
+    export_onnx(model, run.run_dir / "onnx")
+    return root
+
+
+@pytest.mark.integration  # each model's benchmark is a process of its own
+def test_bench_apart_measures_every_engine_at_each_thread_count_and_batch(checkout):
+    row = bench_inference.bench_apart("act_parity", checkout, [1, 2], 2)
+    graphs = {p.stem for p in (checkout / "runs" / "act_parity" / "onnx").glob("*.onnx")}
+    assert row["model"] == "act_parity" and sorted(row["by_threads"]) == [1, 2]  # ints again, as the bars look them up
+    for at in row["by_threads"].values():
+        assert sorted(at["loop_ms"]) == [1, 32] and set(at["graphs"]) == graphs
+        for size, by_engine in at["loop_ms"].items():
+            assert set(by_engine) == {"eager", "fp32", "int8"}
+            assert all(0 < ms < 10_000 for ms in by_engine.values()), (size, by_engine)
+            assert 0.0 <= at["int8_same"][size] <= 1.0
+
+
+@pytest.mark.integration
+def test_bench_apart_names_the_model_whose_process_failed(checkout):
+    weights = checkout / "runs" / "act_parity" / "checkpoint" / "best" / "model.safetensors"
+    kept = weights.read_bytes()
+    try:
+        weights.write_bytes(b"not a safetensors file")
+        with pytest.raises(SystemExit, match=r"^error: act_parity: its benchmark process exited with 1 "):
+            bench_inference.bench_apart("act_parity", checkout, [1], 1)
+    finally:
+        weights.write_bytes(kept)
