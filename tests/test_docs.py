@@ -93,7 +93,7 @@ def test_the_docs_data_files_name_only_scripts_that_exist():
 
 
 # Docs are reference, not a work log: a heading carries no date, no line cites an issue number, and
-# no line tells how the work went ("this session", "landed on main"). Fenced code and `code spans`
+# no line tells how the work went ("this session", "landed on main", "today's recipe"). Fenced code and `code spans`
 # are left out of the word check (`session.run`); an ONNX Runtime session is a session of a
 # library, so "ONNX Runtime session(s)" (also onnxruntime's, ORT's, CUDA's, "inference session")
 # is allowed. Link targets and URLs are left out of the issue check (anchors, fragments), and so is
@@ -105,7 +105,7 @@ _ISSUE = re.compile(r"(?<![\w&#/])#\d+(?![\w-])")
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 _LINK_OR_URL = re.compile(r"\]\([^)]*\)|<?\bhttps?://[^\s)>]*>?")
 _COLOUR = re.compile(r"#(?:\d{3}|\d{6})\b")
-_WORK_LOG = re.compile(r"\b(?:sessions?|landed)\b", re.I)
+_WORK_LOG = re.compile(r"\b(?:sessions?|landed|today(?:['’]s)?)\b", re.I)
 _LIBRARY_SESSION = re.compile(r"\b(?:ONNX Runtime|onnxruntime|ORT|CUDA|inference)(?:['’]s)?"
                               r"(?:\s+(?!(?:this|that|the|a|an|in|of|for|to|each|every)\b)[\w-]+)?\s+sessions?\b", re.I)
 
@@ -148,6 +148,7 @@ def test_the_work_log_check_tells_reference_from_history():
         "```",
         "A colour in code: `#fff`, `#000`; not in prose: #100.",  # 11: #100
         "No GPU was lent for the CUDA EP in this session.",  # 12: not an ONNX Runtime session
+        "The training with today's recipe.",             # 13: a time that passes
     ])
     assert work_log_lines(text) == [
         (1, "dated heading '# Results (2026-11-25)'"),
@@ -156,6 +157,7 @@ def test_the_work_log_check_tells_reference_from_history():
         (8, "issue reference '#7' in code"),
         (11, "issue reference '#100'"),
         (12, "work-log word 'session'"),
+        (13, "work-log word \"today's\""),
     ]
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline import profiles
 from tests.conftest import ROOT
@@ -190,3 +191,14 @@ def test_a_new_architecture_without_a_readme_family_is_one_sentence(capsys):
     assert readme_tables.family_of("luong") == readme_tables.family_of("transformer")  # one row, two archs
     with pytest.raises(SystemExit, match=r"architecture 'newnet' has no family: add its README row name to FAMILY"):
         readme_tables.family_of("newnet")
+
+
+def test_adding_a_model_shows_the_real_params_yaml_entry():
+    """docs/adding-a-model.md's worked `params.yaml` entry is act_parity's and parity's as the file has them
+    (a copy that restated defaults would fail tests/test_config.py's one-home check)."""
+    text = (ROOT / "docs" / "adding-a-model.md").read_text()
+    block = text[text.index("## 3. The `params.yaml` entry"):]
+    shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", block, flags=re.S).group(1))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert shown["tasks"] == {"parity": params["tasks"]["parity"]}
+    assert shown["models"] == {"act_parity": params["models"]["act_parity"]}
