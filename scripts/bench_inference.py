@@ -271,9 +271,11 @@ def ratio(eager: float, ort: float) -> str:
 
 
 def command(run: tuple[str, str], rows: list[dict], spelled: str, repeats: int) -> str:
-    """The command that measured ``run``'s rows: a dated run re-measured the models it names (--write-docs with
-    names); the undated one is the first full run."""
-    names = " ".join(r["model"] for r in rows if run_of(r) == run) + " " if run[1] else ""
+    """The command that measured ``run``'s rows: a dated run that measured only some of the table's models names
+    them (--write-docs with names), one that measured all of them names none; the undated one is the first full
+    run."""
+    mine = [r["model"] for r in rows if run_of(r) == run]
+    names = " ".join(mine) + " " if run[1] and len(mine) < len(rows) else ""
     return (f"python scripts/bench_inference.py {names}--threads {spelled} --repeats {repeats}"
             + (" --write-docs" if run[1] else ""))
 

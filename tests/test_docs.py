@@ -212,6 +212,15 @@ def test_benchmark_table_heads_with_the_full_run_after_a_subset_is_re_measured()
     assert marked == {rows[0]["model"] + "†"}, marked
 
 
+def test_benchmark_table_names_no_model_when_one_run_measured_them_all():
+    bench_inference, _, rows = _inference_rows(3)
+    for row in rows:
+        row.update(machine="AMD EPYC, 2 cores, AVX-512", date="2026-12-05")
+    table = bench_inference.markdown(rows, [1, 2], 5)
+    assert ("`python scripts/bench_inference.py --threads 1 2 --repeats 5 --write-docs` on AMD EPYC, 2 cores, "
+            "AVX-512 (2026-12-05); median of 5 repeats. ") in table and "These rows" not in table
+
+
 def test_benchmark_table_marks_the_full_run_with_its_own_command_once_a_later_run_has_more_rows():
     bench_inference, _, rows = _inference_rows(3)
     for row in rows[:2]:
