@@ -514,7 +514,8 @@ def readme(examples: list[Example]) -> bytes:
     lines += [
         "Notes:",
         "",
-        "- `translation_de_en.txt`: the test split needs the Debian corpus build (about 10 minutes on 2 cores and 4.5 GB),",
+        "- `translation_de_en.txt`: the test split needs the Debian corpus build (about 10 minutes on 2 cores"
+        " and 4.5 GB),",
         f"  so the sources are read from `{METRICS}`, where `evaluate@bahdanau` wrote test items 0–7.",
         "- `mnist_binarized.json`: `draw`'s served input is prior noise `x` [N,T,100], not an image. The file",
         "  holds the task's own draw (`MnistBinarizedTask.noise`) for the trained config at the seed evaluate",
