@@ -15,10 +15,10 @@ recipe of ``quantize@<model>`` (``pipeline.stages.quantize.quantize_graphs``: on
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in
 ``runs/<name>/int8_metrics.json``; ``int8 same`` is the share of rows whose tokens (or argmax) equal
 the fp32 graphs'. Each model is measured in a process of its own; each repeat times eager, fp32 and
-int8 in turn (the machine is noisy: compare within one row); the figure is the median of the repeats,
-in ms. At t threads PyTorch runs with t intra-op threads; ONNX Runtime as the server does: a single graph with t
-intra-op threads, a looping model's graphs with one each and a batch's rows split over t loops at
-once (``serving.decode.split_rows``).
+int8 in turn, each after 30 ms of its own untimed calls (the machine is noisy: compare within one
+row); the figure is the median of the repeats, in ms. At t threads PyTorch runs with t intra-op threads;
+ONNX Runtime as the server does: a single graph with t intra-op threads, a looping model's graphs with
+one each and a batch's rows split over t loops at once (``serving.decode.split_rows``).
 """
 
 from __future__ import annotations
@@ -123,18 +123,28 @@ def median_ms(samples: list[float]) -> float:
     return round(1000 * float(np.median(samples)), 3)
 
 
+# Untimed calls of the engine about to be timed, for at least this long after switching to it: the
+# previous engine's pool threads keep spinning for a while after its run (PyTorch's OpenMP workers,
+# ONNX Runtime's pool), longer than one call of a small batch takes, and would be charged to this one.
+SETTLE_S = 0.03
+
+
 def timed(fns: dict, repeats: int) -> dict[str, float]:
     """Median ms of each callable over ``repeats`` rounds; each round calls every callable in turn,
-    once untimed and then timed. The untimed call absorbs the switch from the previous engine:
-    ONNX Runtime's pool threads keep spinning for a moment after a run and slow a PyTorch call made
-    right after it in the same process (and PyTorch's pool wakes up slowly), which would charge one
-    engine for the other."""
+    untimed for at least ``SETTLE_S`` and then once timed. A single untimed call was not enough: at 2
+    threads PyTorch's workers, still spinning after its eager loop, slowed ``ram_cluttered``'s ONNX
+    Runtime loop at batch 32 to 5.3-7.0 ms a call in four runs; after 30 ms of its own calls, 4.1-5.5
+    ms in four runs alternated with those; 4.0-4.3 ms with PyTorch's workers never spinning
+    (``OMP_WAIT_POLICY=PASSIVE``) or no eager loop run at all."""
     for fn in fns.values():
         fn()  # first-call allocations, lazy initialisation
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
+            settled = time.perf_counter() + SETTLE_S
             fn()
+            while time.perf_counter() < settled:
+                fn()
             start = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - start)

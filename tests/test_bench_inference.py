@@ -4,6 +4,8 @@ prepared task, a checkpoint and its ONNX graphs, as `attnzoo repro export@<model
 from __future__ import annotations
 
 import sys
+import time
+from itertools import groupby
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,21 @@ def test_bench_apart_names_the_model_whose_process_failed(checkout):
             bench_inference.bench_apart("act_parity", checkout, [1], 1)
     finally:
         weights.write_bytes(kept)
+
+
+def test_timed_warms_each_engine_up_for_the_settle_time_before_timing_it(monkeypatch):
+    monkeypatch.setattr(bench_inference, "SETTLE_S", 0.02)
+    calls: list[tuple[str, float]] = []
+
+    def engine(key: str, ms: float):
+        def call():
+            calls.append((key, time.perf_counter()))
+            time.sleep(ms / 1000)
+        return call
+
+    got = bench_inference.timed({"a": engine("a", 2), "b": engine("b", 5)}, 3)
+    assert 2 <= got["a"] < 20 and 5 <= got["b"] < 25 and got["b"] > got["a"]
+    stints = [[t for _, t in run] for _, run in groupby(calls, key=lambda c: c[0])]
+    assert len(stints) == 2 + 2 * 3  # the first calls, then each engine in turn in each round
+    # each stint: untimed calls for at least the settle time, then the timed one
+    assert all(len(s) >= 3 and s[-1] - s[0] >= 0.02 for s in stints[2:]), [len(s) for s in stints]
