@@ -4,7 +4,7 @@ Target tokens per second (non-padding, with EOS) of forward + backward + AdamW s
 autocast on the CPU (``--precision fp32``: without), for ``batch_size: 64``
 (``pipeline.training.batches.bucket_batches``) and ``max_tokens`` of 2,048, 4,096 and 8,192
 (``pipeline.training.batches.token_batches``), on the prepared translation data and ``models.transformer``'s
-params.yaml sizes. Each configuration runs until it has trained
+params.yaml config (``--dropout``: another dropout). Each configuration runs until it has trained
 ``--tokens`` target tokens (after one step of warm-up); the configurations run in turn, ``--repeats``
 times, and the median is reported with the minutes one pass over the corpus would take.
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                     help="bf16: autocast as train.precision bf16 runs (a CPU with native bf16); fp32: none")
+    ap.add_argument("--dropout", type=float, help="the model's dropout (default: params.yaml's)")
     ap.add_argument("--sentence-batches", action=argparse.BooleanOptionalAction, default=True,
                     help="also time batch_size 64")
     args = ap.parse_args(argv)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     configs = {**({"batch_size 64": TrainConfig(batch_size=64)} if args.sentence_batches else {}),
                **{f"max_tokens {n}": TrainConfig(max_tokens=n) for n in args.max_tokens}}
     torch.manual_seed(0)
-    model = models.build(run.arch, run.model)
+    model = models.build(run.arch, {**run.model, **({} if args.dropout is None else {"dropout": args.dropout})})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rates: dict[str, list[float]] = {k: [] for k in configs}
     for rep in range(args.repeats):
