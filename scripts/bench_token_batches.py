@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sentence-batches", action=argparse.BooleanOptionalAction, default=True,
                     help="also time batch_size 64")
     args = ap.parse_args(argv)
-    run = resolve("transformer")
+    # the same merge as `train --set dropout=...`: pipeline.config.resolve validates the key
+    run = resolve("transformer", overrides=None if args.dropout is None else {"model.dropout": args.dropout})
     task = get_task(run.task)
     items = task.load(run.data_dir, "train")
     lengths = [task.length(it) for it in items]
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     configs = {**({"batch_size 64": TrainConfig(batch_size=64)} if args.sentence_batches else {}),
                **{f"max_tokens {n}": TrainConfig(max_tokens=n) for n in args.max_tokens}}
     torch.manual_seed(0)
-    model = models.build(run.arch, {**run.model, **({} if args.dropout is None else {"dropout": args.dropout})})
+    model = models.build(run.arch, run.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rates: dict[str, list[float]] = {k: [] for k in configs}
     for rep in range(args.repeats):
