@@ -153,6 +153,23 @@ def test_dockerfile_runs_the_server_as_non_root_on_8080_with_its_real_flags():
     assert stated.split() == exec_form(entrypoint) + cmd
 
 
+def test_the_docs_state_the_dockerfiles_installs_copies_and_ports():
+    """deploy/README.md quotes each pip install of the Dockerfile, names every file it copies and its EXPOSE line;
+    it and docs/serving.md give the exposed ports as REST and gRPC."""
+    readme = " ".join((ROOT / "deploy" / "README.md").read_text().split())
+    installs = re.findall(r"(?:python3? -m )?pip3? install [^;&]*?(?=\s*(?:;|$))", " && ".join(run_steps()))
+    assert installs and all(f"`{cmd}`" in readme for cmd in installs), installs
+    sources = [src for a in instruction("COPY") for src in shlex.split(a)[:-1]]
+    named = ", ".join(f"`{s}`" for s in sources[:-1]) + f" and `{sources[-1]}`"
+    assert f"it copies {named} only" in readme, named
+    (expose,) = instruction("EXPOSE")
+    assert f"`EXPOSE {expose}`" in readme
+    serving = " ".join((ROOT / "docs" / "serving.md").read_text().split())
+    for text in (readme, serving):
+        assert re.findall(r"ports (\d+) \(REST\) and (\d+) \(gRPC\)", text) == [(str(PORT), str(GRPC_PORT))]
+    assert expose.split() == [str(PORT), str(GRPC_PORT)]
+
+
 def server_flags() -> set[str]:
     done = subprocess.run([sys.executable, "-m", "serving.server", "--help"], cwd=ROOT, capture_output=True,
                           text=True, check=True)

@@ -313,3 +313,22 @@ def test_the_stated_output_sizes_are_dvc_locks():
         stated = float(re.search(rf"{kind} ([\d.]+) GiB", text).group(1))
         total = sum(o.get("size", 0) for o in outs if of_kind(o["path"])) / 2**30
         assert abs(stated - total) <= 0.05, (kind, stated, round(total, 2))
+
+
+def test_troubleshootings_not_served_message_is_the_one_a_changed_version_gets(tmp_path):
+    """The start-up error docs/troubleshooting.md quotes for a version whose file changed after publishing is the
+    one a repository over such a version records (`<model>`, `<version>`, `<file>` and `...` standing for its parts)."""
+    from serving.repository import Repository
+
+    version = tmp_path / "ntm" / "3"
+    version.mkdir(parents=True)
+    (version / "step.onnx").write_bytes(b"changed after publishing")
+    (version / "metadata.json").write_text(json.dumps({"graphs": ["step"], "files_sha256": {"step.onnx": "0" * 64}}))
+    repo = Repository(tmp_path, provider="cpu")
+    (key, why), = repo.errors.items()
+    text = " ".join((ROOT / "docs" / "troubleshooting.md").read_text().split())
+    quoted = re.search(r"`(not served: [^`]+)`", text).group(1)
+    pattern = re.escape(quoted).replace(re.escape("..."), ".*")
+    for placeholder, value in (("<model>", "ntm"), ("<version>", "3"), ("<file>", "step.onnx")):
+        pattern = pattern.replace(re.escape(placeholder), re.escape(value))
+    assert re.fullmatch(pattern, f"not served: {key} ({why})"), (quoted, key, why)
