@@ -332,3 +332,19 @@ def test_troubleshootings_not_served_message_is_the_one_a_changed_version_gets(t
     for placeholder, value in (("<model>", "ntm"), ("<version>", "3"), ("<file>", "step.onnx")):
         pattern = pattern.replace(re.escape(placeholder), re.escape(value))
     assert re.fullmatch(pattern, f"not served: {key} ({why})"), (quoted, key, why)
+
+
+def test_securitys_content_security_policy_is_the_playgrounds():
+    """docs/security.md states the playground's Content-Security-Policy: its default source, the other sources it
+    lets images come from, and what it forbids outright."""
+    from serving.server import PAGE_HEADERS
+
+    policy = dict(d.strip().split(" ", 1) for d in PAGE_HEADERS["Content-Security-Policy"].split(";"))
+    text = " ".join((ROOT / "docs" / "security.md").read_text().split())
+    stated = re.search(r"`Content-Security-Policy` is `default-src ([^`]+)` \(([^)]+)\)", text)
+    assert stated and stated.group(1) == policy.pop("default-src"), policy
+    images = [s for s in policy.pop("img-src").split() if s != "'self'"]
+    assert re.findall(r"`(\w+:)`", stated.group(2)) == images
+    forbidden = {"object-src": "objects", "form-action": "forms", "base-uri": "base URI", "frame-ancestors": "framing"}
+    assert set(policy) == set(forbidden) and all(v == "'none'" for v in policy.values()), policy
+    assert all(words in stated.group(2) for words in forbidden.values())

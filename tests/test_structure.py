@@ -117,6 +117,14 @@ def test_only_the_runner_imports_the_runner():
     assert not bad, bad
 
 
+def test_only_the_stages_and_the_runner_have_a_main():
+    """docs/architecture.md: a stage is a pure function and a thin `main()`; besides the runner's commands, those are
+    the only `main()`s of the pipeline (every other module is a library the stages share)."""
+    mains = sorted(n for n, path in MODULES.items() if n.startswith("pipeline.") and any(
+        isinstance(f, ast.FunctionDef) and f.name == "main" for f in ast.parse(path.read_text()).body))
+    assert mains and all(n.startswith(("pipeline.stages.", "pipeline.runner.")) for n in mains), mains
+
+
 def test_serving_imports_neither_torch_nor_the_pipeline():
     """A serving host installs the base package and the serve extra: no torch, no training stack."""
     for name, path in MODULES.items():
