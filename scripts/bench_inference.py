@@ -3,13 +3,13 @@ and for the whole inference loop, at batch 1 and batch 32, for every model train
 
     python scripts/bench_inference.py                          # every entry with a checkpoint
     python scripts/bench_inference.py bahdanau ntm --repeats 9 --threads 1 2
-    python scripts/bench_inference.py --write-docs             # also replace the table in docs/benchmarks.md
+    python scripts/bench_inference.py --write-docs             # also replace docs/bench_inference.json and its table
     python scripts/bench_inference.py --render-docs            # that table again from docs/bench_inference.json
     python scripts/bench_inference.py --check-docs             # exit 1 if the table differs from that render
 
-Inputs: a model's graphs come from its newest published version (``model_repository/<name>/<v>/``,
-else ``runs/<name>/onnx``), PyTorch from ``runs/<name>/checkpoint/best``, the batches from the task's
-parity cases on the prepared test data: *batch 1* sums the batch-1 cases, *batch 32* is the
+Inputs: a model's graphs come from the version a server answers by default (``model_repository/<name>/<v>/``,
+``serving.repository.default_version``), else ``runs/<name>/onnx``, PyTorch from ``runs/<name>/checkpoint/best``, the
+batches from the task's parity cases on the prepared test data: *batch 1* sums the batch-1 cases, *batch 32* is the
 largest case repeated to 32 rows. The int8 graphs are remade here into a temporary folder with the
 recipe of ``quantize@<model>`` (``pipeline.stages.quantize.quantize_graphs``: onnxruntime's dynamic
 quantisation, int8 weights, the op types of ``params.yaml`` ``quantize``), whose quality gate is in

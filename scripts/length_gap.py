@@ -8,9 +8,10 @@ sentence length, as in Bahdanau et al.'s Fig. 2.
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau --coverage 0.2 0.4 1.0
     python scripts/length_gap.py bahdanau bahdanau_none --sample all --no-repeat-ngram 3 --bootstrap 1000 --jobs 2
 
-Each run's ``checkpoint/best`` decodes with its entry's beam width through ``serving.decode.beam_search``, exactly as
-``evaluate@`` does, over ``--sample long`` (default: every test sentence of 21+ words and every fourth
-of the rest, 880 of the 2,501: the long buckets whole at about a third of the cost) or ``all``.
+Each run's ``checkpoint/best`` decodes with its entry's beam width through ``serving.decode.beam_search``, as
+``evaluate@`` does (which for the bahdanau entries also means ``--no-repeat-ngram 3``, their ``evaluate:`` block),
+over ``--sample long`` (default: every test sentence of 21+ words and every fourth of the rest, 880 of the 2,501: the
+long buckets whole at about a third of the cost) or ``all``.
 Per length bucket it prints BLEU (sacrebleu), the brevity penalty, and the share of outputs that
 repeat a word 3-gram (looping). ``--coverage BETA...`` re-ranks each beam's n-best list with GNMT's
 coverage penalty (Wu et al. 2016, eq. 14), ``BETA * sum_j log(min(sum_i a_ij, 1))`` added to the
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--length-penalty", type=float, default=1.0,
                     help="beam score = log p / length**this (evaluate@'s default 1)")
     ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
-                    help="forbid each hypothesis to repeat a token N-gram (0: off, evaluate@'s default)")
+                    help="forbid each hypothesis to repeat a token N-gram (0: off; bahdanau's entries evaluate with 3)")
     ap.add_argument("--coverage", type=float, nargs="*", default=[], metavar="BETA",
                     help="also re-rank the n-best with GNMT's coverage penalty at these weights")
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences of the sample (a quick look)")

@@ -7,11 +7,11 @@ with oversized, malformed and over-limit ones.
     python scripts/load_test.py --repository model_repository --clients 64 --seconds 60 \
         --server-args "--running 16 --max-queue 32"
 
-Expectations (exit status 1 when one fails): no response with status 500; every valid request
-answered 200 or 503 (503 with Retry-After); every bad request answered with its 4xx (oversized and
-over-limit: 413, malformed body or framing and wrong datatype/shape: 400, unknown model or version:
-404); no broken connection or timed-out request; the server live afterwards; its RSS after the
-load at most ``--rss-growth-mib`` above the RSS before it. Prints Markdown rows for
+Expectations (exit status 1 when one fails): no response with status 500; every valid request answered 200 or 503 (503
+with Retry-After); every bad request answered with its 4xx, or 503 with Retry-After while the parsing queue is full
+(oversized and over-limit: 413, malformed body or framing and wrong datatype/shape: 400, unknown model or version:
+404); no broken connection or timed-out request; the server live afterwards; its RSS after the load at most
+``--rss-growth-mib`` above the RSS before it. Prints Markdown rows for
 docs/benchmarks.md and a JSON summary.
 
 The load generator is asyncio over raw keep-alive HTTP/1.1 connections, one per client (a new one
@@ -50,8 +50,8 @@ KIND_CANDIDATES = {
 }
 SENTENCES = ["Wo ist der Bahnhof?", "Ich habe heute keine Zeit.", "Das Buch ist schön.", "Der Hund schläft."]
 
-# The bad categories and the one status each must get. Every one is refused before admission
-# (parsing, declared tensors, limits, routing), so never 503.
+# The bad categories and the one status each must get. Every one is refused before admission (parsing, declared
+# tensors, limits, routing); a 503 with Retry-After (the parsing queue full) is the only other answer allowed.
 BAD_EXPECTED = {
     "oversized": 413,  # body over --max-body-mb
     "malformed_json": 400,

@@ -12,7 +12,7 @@ MNIST tasks render one canvas). The functions ``*_item`` return that item as the
 returns it (tests/test_examples.py compares them with ``prepare`` + ``load`` on small splits).
 
 Two files are not test items:
-* translation_de_en.txt: the test split needs the Debian corpus build (~4 min, 4.5 GB); the five
+* translation_de_en.txt: the test split needs the Debian corpus build (~10 min on 2 cores, 4.5 GB); the five
   German sources are test sentences 0-4 as ``evaluate@bahdanau`` wrote them into the committed
   runs/bahdanau/metrics.json (``examples``: the first eight test items, source and reference).
 * mnist_binarized.json: ``draw``'s served input is prior noise, not an image (the image and

@@ -5,10 +5,10 @@ paper's figure and its training time, generated from the committed metrics so it
     python scripts/results_table.py --write    # replace it in docs/results.md
     python scripts/results_table.py --check    # exit 1 when docs/results.md differs (tests/test_docs.py)
 
-Reads ``params.yaml`` (the entries and their tasks), ``runs/<name>/metrics.json`` (the bar and its
-measured values, written by evaluate@) and ``runs/<name>/train_summary.json`` (train@'s wall
-time). The papers' figures are facts about other data sets and budgets, kept here with their
-setting: they place a result, they are not a bar.
+Reads ``params.yaml`` (the entries and their tasks), ``runs/<name>/metrics.json`` (the bar and its measured values,
+written by evaluate@) and ``runs/<name>/train_summary.json`` (train@'s wall time) and
+``runs/<name>/int8_metrics.json`` (quantize@'s gate). The papers' figures are facts about other data sets and budgets,
+kept here with their setting: they place a result, they are not a bar.
 """
 
 from __future__ import annotations

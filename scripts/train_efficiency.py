@@ -21,7 +21,7 @@ The data is the entry's task prepared small (2,000 training items, seeded as in 
 ``--work``; the translation corpus, built from Debian packages by ``prepare@translation_de_en``, is stood in for
 by seeded token ids whose length distribution gives the committed corpus's token batches per pass (2,197 of
 2,048 tokens for 205,412 pairs). Writes ``docs/train_efficiency.json``; ``scripts/results_table.py``-style
-rendering into docs/benchmarks.md is ``--table``.
+rendering into docs/benchmarks.md is ``--render-docs``.
 
     python scripts/bench_peak.py --out docs/peak.json
     python scripts/train_efficiency.py --out docs/train_efficiency.json          # every entry, ~40 min on 2 cores

@@ -9,7 +9,7 @@ unchanged recipe at the same steps (e.g. ``runs/transformer`` at its 6,000) inst
 
     python scripts/transformer_recipe.py --work ~/.cache/attnzoo/recipe --json docs/transformer_recipe.json
     python scripts/transformer_recipe.py --work ~/.cache/attnzoo/recipe6000 --steps 6000 \\
-        --only recipe "dropout 0" --recipe-run runs/transformer --json docs/transformer_recipe.json
+        --only recipe "dropout 0.1" --recipe-run runs/transformer --json docs/transformer_recipe.json
 
 Each prints its table; ``--json`` keeps one comparison per step budget in the file, which
 docs/results.md shows ("The Transformer's recipe", checked by tests/test_results_doc.py). A

@@ -348,3 +348,29 @@ def test_securitys_content_security_policy_is_the_playgrounds():
     forbidden = {"object-src": "objects", "form-action": "forms", "base-uri": "base URI", "frame-ancestors": "framing"}
     assert set(policy) == set(forbidden) and all(v == "'none'" for v in policy.values()), policy
     assert all(words in stated.group(2) for words in forbidden.values())
+
+
+def _script_usage_lines() -> list[tuple[str, list[str]]]:
+    """Each `python scripts/...py ARGS` line of a script's own docstring (continuations joined, comments dropped)."""
+    import ast
+    import shlex
+
+    found = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        doc = (ast.get_docstring(ast.parse(path.read_text())) or "").replace("\\\n", " ")
+        for line in doc.splitlines():
+            if re.match(r"\s*python scripts/", line):
+                words = shlex.split(line, comments=True)
+                cut = next((i for i, w in enumerate(words) if w in ("&&", "|", ">", ";")), len(words))
+                found.append((str(path.relative_to(ROOT)), words[:cut]))
+    return found
+
+
+@pytest.mark.parametrize("path, words", _script_usage_lines(), ids=lambda v: v if isinstance(v, str) else None)
+def test_every_usage_line_in_a_scripts_docstring_parses(path, words):
+    """A script's usage lines (of itself or a script it works with) give only options and choices the named script's
+    argument parser takes: argparse reads options left to right, so an unknown option or a value outside its choices
+    fails before the trailing --help."""
+    done = subprocess.run([sys.executable, *words[1:], "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, (path, " ".join(words), done.stderr[-400:])
