@@ -366,6 +366,7 @@ def _script_usage_lines() -> list[tuple[str, list[str]]]:
     return found
 
 
+@pytest.mark.integration  # a python process per usage line
 @pytest.mark.parametrize("path, words", _script_usage_lines(), ids=lambda v: v if isinstance(v, str) else None)
 def test_every_usage_line_in_a_scripts_docstring_parses(path, words):
     """A script's usage lines (of itself or a script it works with) give only options and choices the named script's
