@@ -1,12 +1,14 @@
 """A publish killed at any moment (SIGKILL, a real process) leaves every version whole: each
 version folder appears complete or not at all, metadata.json and config.pbtxt are never half
-written, the server loads every version with its files verified, and the next run registers in
-MLflow a version the killed run wrote but did not register."""
+written, config.pbtxt names no version that is not in place, the server loads every version with
+its files verified, and the next run registers in MLflow a version the killed run wrote but did
+not register."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,19 +75,36 @@ def _writer(root: Path, start: int, stop: int) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _check_whole(repo: Path) -> list[int]:
-    """Every version folder is complete and verified; config.pbtxt is a whole file. Its versions."""
-    if not (repo / "ntm" / "config.pbtxt").exists():  # killed before its first version was in place
-        assert not [p for p in (repo / "ntm").glob("*") if p.name.isdigit()] if repo.exists() else True
-        return []
-    served = Repository(repo)
-    assert not served.errors, served.errors
-    versions = sorted(int(p.name) for p in (repo / "ntm").iterdir() if p.name.isdigit())
-    for v in versions:
-        json.loads((repo / "ntm" / str(v) / "metadata.json").read_text())
-    assert served.versions("ntm") == versions
-    config = (repo / "ntm" / "config.pbtxt").read_text()
+def _config_versions(repo: Path) -> list[int] | None:
+    """The versions ntm's config.pbtxt names (Triton's version_policy), None without the file; the
+    file must be whole."""
+    path = repo / "ntm" / "config.pbtxt"
+    if not path.exists():
+        return None
+    config = path.read_text()
     assert config.startswith('name: "ntm"') and config.endswith("\n"), config[-200:]
+    policy = re.search(r"version_policy: \{ specific: \{ versions: \[ ([0-9, ]+) \] \} \}", config)
+    assert policy, config
+    return [int(v) for v in policy.group(1).split(",")]
+
+
+def _check_whole(repo: Path) -> list[int]:
+    """Every version folder is complete and verified, and config.pbtxt names none that is not. Its versions.
+
+    A version is renamed into place before config.pbtxt is rewritten to name it: a kill between the
+    two leaves config.pbtxt naming the versions before it (none at a model's first version), and so
+    it stays until a publish writes a new version (a re-run finds the killed run's version unchanged
+    and writes nothing)."""
+    folder = repo / "ntm"
+    versions = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+    for v in versions:
+        json.loads((folder / str(v) / "metadata.json").read_text())
+    if versions:
+        served = Repository(repo)
+        assert not served.errors, served.errors
+        assert served.versions("ntm") == versions
+    named = _config_versions(repo)
+    assert named is None or (named and named == versions[:len(named)]), (named, versions)
     return versions
 
 
@@ -107,11 +126,14 @@ def test_publish_killed_at_any_moment_leaves_every_version_whole(tmp_path):
         rest = line + proc.communicate(timeout=30)[0]
         at = max(int(x.split()[1]) for x in rest.splitlines() if x.startswith("publishing"))
         _check_whole(repo)
-    proc = _writer(root, at, at + 1)  # the run after the last kill
+    # The run after the last kill: the publish in flight again, then a new version, which config.pbtxt
+    # names with every version before it.
+    proc = _writer(root, at, at + 2)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out
     versions = _check_whole(repo)
-    assert len(versions) == at + 1  # every publish a version, none written twice
+    assert len(versions) == at + 2  # every publish a version, none written twice
+    assert _config_versions(repo) == versions
     metas = [json.loads((repo / "ntm" / str(v) / "metadata.json").read_text()) for v in versions]
     assert len({m["graph_sha256"] for m in metas}) == len(metas)
     assert all("mlflow_version" in m for m in metas), [m.get("mlflow_version") for m in metas]
