@@ -54,7 +54,12 @@ def _via_runner(batcher: batching.StepBatcher, feeds: dict) -> dict:
     answer: dict = {}
     waiting = threading.Thread(target=lambda: answer.update(_in_thread(lambda: batcher(feeds))))
     waiting.start()
-    time.sleep(0.2)
+    end = time.monotonic() + 10
+    while time.monotonic() < end:  # until the call is queued behind the one in flight
+        with batcher.cond:
+            if batcher.pending:
+                break
+        time.sleep(0.005)
     with batcher.cond:
         batcher.busy = False
         batcher.cond.notify_all()

@@ -22,7 +22,7 @@ import torch
 import models
 from serving.client import Client
 from tests.conftest import ROOT, TINY, tiny_batch
-from tests.ports import free_port, wait_serving
+from tests.ports import free_port, listens, wait_serving
 from tests.test_serving import TEXTS, _metric, raw, server  # noqa: F401
 
 pytestmark = pytest.mark.integration  # starts servers or processes
@@ -34,7 +34,10 @@ def start_server(repo: Path, *flags: str) -> SimpleNamespace:
                              *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = Client(f"http://127.0.0.1:{port}", timeout=60)
-    if not wait_serving(proc, port, client.ready, 60) and not client.call("GET", "/v2/health/live"):
+    # A server that is never ready (a repository with errors) may still serve: live, and on its own port,
+    # not a server of another worker's that was handed the same port first.
+    if not wait_serving(proc, port, client.ready, 60) and not (
+            proc.poll() is None and listens(proc.pid, port) and client.call("GET", "/v2/health/live")):
         proc.kill()
         raise RuntimeError(f"server did not start:\n{proc.communicate()[0]}")
     return SimpleNamespace(url=client.url, client=client, proc=proc)
