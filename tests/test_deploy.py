@@ -13,7 +13,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ from packaging.utils import canonicalize_name
 
 from tests import pod_security
 from tests.conftest import ROOT, stop_process
-from tests.ports import free_port
+from tests.ports import free_port, wait_serving
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -500,16 +499,17 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
     proc = subprocess.Popen(cmd, cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the server exited:\n{proc.stdout.read()}"
+
+        def ready() -> bool:
             try:
-                if _get(f"{base}/v2/health/ready")[0] == 200:
-                    break
+                return _get(f"{base}/v2/health/ready")[0] == 200
             except OSError:
-                pass
-            assert time.monotonic() < deadline, "the server never became ready"
-            time.sleep(0.3)
+                return False
+
+        # Ready, and on its own port (not another worker's server handed the same port first).
+        if not wait_serving(proc, port, ready, 60):
+            raise AssertionError("the server never became ready" + (
+                f"; it exited:\n{proc.stdout.read()}" if proc.poll() is not None else ""))
         # Docker's HEALTHCHECK command as written, on this port, in the same image-like environment.
         (health,) = instruction("HEALTHCHECK")
         check = exec_form(health.split("CMD", 1)[1].strip())

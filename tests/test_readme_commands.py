@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 import models
 from pipeline.config import load_params
 from tests.conftest import ROOT, TINY, stop_process
-from tests.ports import free_port
+from tests.ports import free_port, wait_serving
 from tests.serving_repo import _Publisher
 from tests.test_cli import cli
 
@@ -161,16 +160,16 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
+
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                    return r.status == 200
             except OSError:
-                pass
-            assert server.poll() is None and time.time() < deadline, "the README's serve line did not come up"
-            time.sleep(0.5)
+                return False
+
+        # Ready, and on its own port (not another worker's server handed the same port first).
+        assert wait_serving(server, port, ready, 120), "the README's serve line did not come up"
         for line in asked:
             plain = [a for a in line if a != "--local"]
             if line[1] == "translate":
