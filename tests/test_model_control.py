@@ -124,6 +124,7 @@ parameter 400; a foreign Origin is 403 and a form's Content-Type 415, as for inf
             sent.set()  # the whole body is written: the server parses it and takes its model next
             resp = conn.getresponse()
             long["status"], answer = resp.status, json.loads(resp.read())
+            conn.close()
             long["done"], long["shape"] = time.monotonic(), answer.get("outputs", [{}])[0].get("shape")
 
         # what a web page could send: a foreign Origin (403), a form's Content-Type (415); nothing unloaded
