@@ -26,6 +26,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from serving.client import Client
 from tests import pod_security
 from tests.conftest import ROOT, stop_process
 from tests.ports import free_port, wait_serving
@@ -499,15 +500,8 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
     proc = subprocess.Popen(cmd, cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            try:
-                return _get(f"{base}/v2/health/ready")[0] == 200
-            except OSError:
-                return False
-
         # Ready, and on its own port (not another worker's server handed the same port first).
-        if not wait_serving(proc, port, ready, 60):
+        if not wait_serving(proc, port, Client(base, timeout=5).ready, 60):
             raise AssertionError("the server never became ready" + (
                 f"; it exited:\n{proc.stdout.read()}" if proc.poll() is not None else ""))
         # Docker's HEALTHCHECK command as written, on this port, in the same image-like environment.

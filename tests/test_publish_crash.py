@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pipeline.stages.export import export_onnx
 from pipeline.stages.prepare import prepare
 from serving.repository import Repository
 from tests.conftest import ROOT, TINY
+from tests.test_deploy import triton_config
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -83,9 +83,9 @@ def _config_versions(repo: Path) -> list[int] | None:
         return None
     config = path.read_text()
     assert config.startswith('name: "ntm"') and config.endswith("\n"), config[-200:]
-    policy = re.search(r"version_policy: \{ specific: \{ versions: \[ ([0-9, ]+) \] \} \}", config)
-    assert policy, config
-    return [int(v) for v in policy.group(1).split(",")]
+    policy = triton_config(config).version_policy
+    assert policy.HasField("specific"), config
+    return list(policy.specific.versions)
 
 
 def _check_whole(repo: Path) -> list[int]:

@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 
 import models
 from pipeline.config import load_params
+from serving.client import Client
 from tests.conftest import ROOT, TINY, stop_process
 from tests.ports import free_port, wait_serving
 from tests.serving_repo import _Publisher
@@ -160,16 +160,8 @@ def test_readme_serving_block_runs_as_written_through_the_server_and_locally(rea
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
         # Ready, and on its own port (not another worker's server handed the same port first).
-        assert wait_serving(server, port, ready, 120), "the README's serve line did not come up"
+        assert wait_serving(server, port, Client(url, timeout=2).ready, 120), "the README's serve line did not come up"
         for line in asked:
             plain = [a for a in line if a != "--local"]
             if line[1] == "translate":

@@ -29,6 +29,7 @@ from serving.repository import Repository
 from tests.conftest import ROOT, TINY, tiny_batch
 from tests.ports import free_port, wait_serving
 from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
+from tests.test_deploy import triton_config
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -631,24 +632,10 @@ def test_serving_never_imports_torch():
 
 
 # ---- the same repository under NVIDIA Triton (python backend) --------------------------------------
-def _triton_model_config(path: Path):
-    """Parse config.pbtxt with Triton's own ModelConfig schema (shipped in tritonclient)."""
-    import importlib.util
-
-    import tritonclient
-    from google.protobuf import text_format
-
-    spec = importlib.util.spec_from_file_location(
-        "model_config_pb2", Path(tritonclient.__file__).parent / "grpc" / "model_config_pb2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not via tritonclient.grpc, which needs grpcio
-    return text_format.Parse(path.read_text(), module.ModelConfig())
-
-
 def test_triton_configs_follow_tritons_schema_and_the_servers_metadata(server):
     for name, versions in (("bahdanau", [1]), ("ntm", [1, 2]), ("pointer", [1]), ("act", []), ("ram", [1]),
                            ("draw", [1])):
-        cfg = _triton_model_config(server.published.repo / name / "config.pbtxt")
+        cfg = triton_config((server.published.repo / name / "config.pbtxt").read_text())
         meta = raw(server.url, "GET", f"/v2/models/{name}")[1]
         assert cfg.name == name
         if versions:  # loops: the python backend over the versions that bundle model.py
