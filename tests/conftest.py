@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,6 @@ def pytest_runtest_protocol(item, nextitem):
         return
     import json
     import resource
-    import time
 
     def cpu() -> tuple[float, float]:
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -252,6 +252,17 @@ def copy_repo(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
+
+
+def wait_for(check, timeout_s: float, every_s: float = 0.05):
+    """``check()`` every ``every_s`` until it is truthy (returned) or ``timeout_s`` passes (None)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        time.sleep(every_s)
+    return None
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from serving import admission, batching
 from serving.protocol import RequestError
+from tests.conftest import wait_for
 
 
 class _Graph:
@@ -54,12 +55,12 @@ def _via_runner(batcher: batching.StepBatcher, feeds: dict) -> dict:
     answer: dict = {}
     waiting = threading.Thread(target=lambda: answer.update(_in_thread(lambda: batcher(feeds))))
     waiting.start()
-    end = time.monotonic() + 10
-    while time.monotonic() < end:  # until the call is queued behind the one in flight
+
+    def queued() -> bool:
         with batcher.cond:
-            if batcher.pending:
-                break
-        time.sleep(0.005)
+            return bool(batcher.pending)
+
+    assert wait_for(queued, 10, every_s=0.005), "the call was never queued behind the one in flight"
     with batcher.cond:
         batcher.busy = False
         batcher.cond.notify_all()

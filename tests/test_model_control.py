@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from serving.client import Client
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.ports import free_port, wait_serving
 
 pytestmark = pytest.mark.integration  # starts servers
@@ -95,17 +95,6 @@ def publish_again(repo: Path, source: int) -> int:
     written, created, _ = write_version(repo / "ntm", "ntm", folder, meta["serving"], facts, [])
     assert created
     return written["version"]
-
-
-def wait_for(check, timeout_s: float):
-    """``check()`` every 50 ms until it is truthy (returned) or ``timeout_s`` passes (None)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    return None
 
 
 def test_unload_drains_in_flight_requests_then_load_serves_again(published, tmp_path):
