@@ -84,6 +84,12 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
+def held_by_another(pid: int, port: int) -> bool:
+    """Whether a process outside ``pid``'s tree listens on ``port`` (False where it cannot be told): a server
+    started there can then not bind it, however long it takes to give up."""
+    return bool(_listening_inodes(port)) and not listens(pid, port)
+
+
 def wait_serving(proc: subprocess.Popen, port: int, ready: Callable[[], bool], timeout_s: float) -> bool:
     """Poll ``ready()`` until it is true and ``proc`` (or a child) is the one listening on ``port``.
 

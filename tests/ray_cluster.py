@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ports import free_port, proc_stats, wait_serving
+from tests.ports import free_port, held_by_another, proc_stats, wait_serving
 
 RAY = str(Path(sys.executable).parent / "ray")
 HOST = "127.0.0.1"
@@ -86,9 +86,9 @@ class _NodeExited(RuntimeError):
     """A node's ``ray start`` ended while the cluster was starting."""
 
 
-# A node that exits while starting gets one more go, on fresh ports: its port may have been taken meanwhile, or
-# the GCS did not register it within the 30 s `ray start` waits (fixed in ray/_private/node.py; seen once on a
-# loaded 2-core machine).
+# A node that exits while starting (or a head whose port another process listens on) gets one more go, on fresh
+# ports: its port may have been taken meanwhile, or the GCS did not register it within the 30 s `ray start`
+# waits (fixed in ray/_private/node.py; seen once on a loaded 2-core machine).
 START_TRIES = 2
 
 
@@ -102,6 +102,8 @@ def ray_cluster(nodes: int = 2, timeout: float = 90.0) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_AUTH_MODE"] = "disabled"
+    # A node drains for up to 30 s on SIGTERM (for Serve replicas); these run none, so they stop at once.
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     for attempt in range(START_TRIES):
         # /tmp, short: Ray puts Unix sockets under the temp dir, and their paths are limited to ~107 bytes
         state = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
@@ -155,7 +157,15 @@ def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float,
     """Wait until the head's own GCS listens on ``port``. Another server that took the number in between
     (``free_port`` is free only when asked) would answer a bare connect: workers would then start pointed at
     it, or join another test's cluster, while this head exits on its failed bind."""
-    if wait_serving(proc, port, lambda: _connects(host, port), timeout):
+
+    def ready() -> bool:
+        # A head whose GCS failed to bind takes about 40 s to give up (its GCS client's retries): the port
+        # held by another process is answer enough.
+        if held_by_another(proc.pid, port):
+            raise _NodeExited(f"another process listens on the Ray head's port {port}")
+        return _connects(host, port)
+
+    if wait_serving(proc, port, ready, timeout):
         return
     if proc.poll() is not None:
         raise _NodeExited(f"the Ray head exited with code {proc.returncode}:\n{_tails(logs)}")

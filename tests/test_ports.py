@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.ports import free_port, listens, wait_serving
+from tests.ports import free_port, held_by_another, listens, wait_serving
 
 pytestmark = pytest.mark.integration  # starts processes
 
@@ -35,6 +35,8 @@ def test_the_listener_is_the_process_or_its_child_and_no_other():
         assert not listens(bystander.pid, port)
         assert not listens(holder.pid, free_port())  # nothing listens there
         assert wait_serving(holder, port, lambda: True, 5)
+        assert held_by_another(bystander.pid, port) and not held_by_another(holder.pid, port)
+        assert not held_by_another(bystander.pid, free_port())  # nobody holds it
     finally:
         for p in (holder, bystander):
             p.kill()
