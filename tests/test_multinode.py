@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,15 +18,10 @@ import yaml
 
 from pipeline.stages.prepare import prepare
 from tests.conftest import ROOT, TINY, venv_env
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 WORKER = str(ROOT / "tests" / "multinode_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nodes: int, port: int, rank: int) -> list[str]:

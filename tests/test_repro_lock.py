@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from pipeline import profiles
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 TARGET = "train@rnn_parity"
@@ -27,11 +27,14 @@ def _runner(work, *args: str, **kw) -> subprocess.Popen:
 def _holding(work, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Wait until ``proc`` holds the runner lock (its pid is written in it)."""
     lock = work / ".dvc" / "tmp" / "repro.lock"
-    deadline = time.monotonic() + timeout
-    while not (lock.exists() and lock.read_text().startswith(f"pid {proc.pid},")):
+
+    def held() -> bool:
+        if lock.exists() and lock.read_text().startswith(f"pid {proc.pid},"):
+            return True
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the first run never took the lock"
-        time.sleep(0.05)
+        return False
+
+    assert wait_for(held, timeout), "the first run never took the lock"
 
 
 def test_a_second_repro_stops_with_one_sentence_and_a_killed_one_leaves_no_lock(tmp_path):

@@ -39,7 +39,7 @@ import requests
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.test_serving_production import start_server, stop
 
 pytestmark = pytest.mark.integration  # starts servers or processes
@@ -303,12 +303,8 @@ class LogTail:
     def exception_after(self, mark: int, wait_s: float) -> tuple[str, str] | None:
         """The last exception logged after line ``mark``, waiting up to ``wait_s`` for it (the
         server writes the traceback just after it sends the 500)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            found = exceptions_in(self.since(mark))
-            if found or time.monotonic() > deadline:
-                return found[-1] if found else None
-            time.sleep(0.005)
+        found = wait_for(lambda: exceptions_in(self.since(mark)), wait_s, every_s=0.005)
+        return found[-1] if found else None
 
 
 MAX_RESTARTS = 10  # a request that kills the server is recorded, the server started again (this often)

@@ -26,7 +26,7 @@ from pipeline.tasks.copy import CopyTask
 from serving.client import Client, ServerError
 from serving.decode import beam_search
 from serving.repository import Repository
-from tests.conftest import ROOT, TINY, tiny_batch
+from tests.conftest import ROOT, TINY, tiny_batch, wait_for
 from tests.ports import free_port, wait_serving
 from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
 from tests.test_deploy import triton_config
@@ -743,10 +743,8 @@ def test_two_workers_serve_and_report_metrics_for_the_whole_server(published, tm
     client = Client(f"http://127.0.0.1:{port}", timeout=30)
     line = f"serving {len(Repository(published.repo, 'cpu').models)} model(s)"  # what each worker logs
     try:
-        for _ in range(600):  # both workers up, each with its own ONNX Runtime sessions
-            if log_path.read_text().count(line) == 2 and client.ready() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
+        # both workers up, each with its own ONNX Runtime sessions
+        wait_for(lambda: log_path.read_text().count(line) == 2 and client.ready() or proc.poll() is not None, 60, 0.1)
         x = np.zeros((1, 2, 5), np.float32)
         first = client.infer("ntm", {"x": x})["logits"]
         for _ in range(11):
