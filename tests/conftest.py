@@ -255,14 +255,18 @@ def copy_repo(dest: Path) -> Path:
 
 
 def wait_for(check, timeout_s: float, every_s: float = 0.05):
-    """``check()`` every ``every_s`` until it is truthy (returned) or ``timeout_s`` passes (None)."""
+    """``check()`` every ``every_s`` until it is truthy (returned) or ``timeout_s`` passes (None).
+
+    ``check`` runs at least once and once more after the last sleep, so a timeout of 0 still looks
+    (the fuzz log's ``exception_after`` asks for that) and what became true during the last sleep counts."""
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
+    while True:
         got = check()
         if got:
             return got
+        if time.monotonic() >= end:
+            return None
         time.sleep(every_s)
-    return None
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
