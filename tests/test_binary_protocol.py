@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from serving.protocol import (
+    COMPRESS_MIN_BYTES,
     DATATYPES,
     HEADER_LENGTH,
     RequestError,
@@ -35,7 +36,7 @@ from serving.protocol import (
     tensor_from_bytes,
     tensor_to_bytes,
 )
-from tests.conftest import tiny_batch
+from tests.conftest import ROOT, tiny_batch
 from tests.test_serving import TEXTS, server  # noqa: F401  (module-scoped fixtures: a server of our own)
 
 
@@ -362,6 +363,9 @@ def test_responses_are_compressed_when_the_client_accepts_it():
     small = [("y", np.arange(3, dtype=np.float32), "FP32")]  # not worth compressing: sent as it is
     assert encode_response({"model_name": "m", "model_version": "1"}, small, set(), "gzip")[1] == {
         "Content-Type": "application/json"}
+    # docs/serving.md states the threshold
+    assert COMPRESS_MIN_BYTES == 1024 and "responses of 1 KiB or more compressed" in " ".join(
+        (ROOT / "docs" / "serving.md").read_text().split())
 
 
 # ---- NVIDIA's client against the real server, every model kind -----------------------------------
