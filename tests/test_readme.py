@@ -141,6 +141,20 @@ def test_readme_quick_start_output_quotes_the_committed_metrics():
         assert (float(measured), float(bar)) == (cond["measured"], cond["value"]), (name, metric)
 
 
+def test_readme_quick_start_output_shows_the_sample_inputs_of_examples():
+    """Each answer in the README's quick-start output is printed beside its input as the quick start prints it
+    (pipeline/runner/quickstart.py): examples/table_qa.json's question, sort.json's numbers, parity.json's bits."""
+    import json
+
+    text = re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    table = json.loads((ROOT / "examples" / "table_qa.json").read_text())
+    assert f"  question: {table['question'][0]}\n" in text, text
+    numbers = [round(p[0], 3) for p in json.loads((ROOT / "examples" / "sort.json").read_text())["points"][0]]
+    assert f"  numbers:  {numbers}\n" in text, text
+    bits = json.loads((ROOT / "examples" / "parity.json").read_text())["x"][0]
+    assert f"  inputs:  {bits} ({bits.count(1)} of them +1)\n" in text, text
+
+
 def _inline_commands(text: str, program: str) -> list[list[str]]:
     """Every ``program ...`` in the text's inline code (`...`) and code blocks, as argv (comments cut)."""
     found = re.findall(rf"`({program} [^`\n]+)`", text)
