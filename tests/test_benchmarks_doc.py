@@ -159,6 +159,12 @@ def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
         if "max_steps" in e["fast_settings"]:  # a shorter budget: its own run met the entry's bar in those steps
             check = e["budget_check"]
             assert check["steps"] == e["steps"] and check["bar"] and all(c["passed"] for c in check["bar"]), name
+            # and that run is the committed one (trained on the budget), as docs/results.md quotes it
+            run = json.loads((ROOT / "runs" / name / "train_summary.json").read_text())
+            conditions = json.loads((ROOT / "runs" / name / "metrics.json").read_text())["bar"]["conditions"]
+            assert (check["steps"], check["best_val_loss"], check["best_step"]) == (
+                run["steps"], run["best_val_loss"], run["best_step"]), name
+            assert [c["measured"] for c in check["bar"]] == [c["measured"] for c in conditions], name
     assert kept["projected"] == train_efficiency.projected(kept["entries"])
     # the baseline's runs were those of the commit measured against (runs/ is the same there as in this tree until
     # the retrain replaces it): each entry's recorded steps and curve are that commit's files
