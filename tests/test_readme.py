@@ -128,11 +128,16 @@ def test_readme_single_stage_block_runs_as_written(quickstart, tmp_path):
             assert list((Path(out) / "model_repository").glob("*/1/metadata.json")), argv
 
 
+def quick_start_output() -> str:
+    """The README's quick-start transcript: its one ```text block."""
+    return re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S).group(1)
+
+
 def test_readme_quick_start_output_quotes_the_committed_metrics():
     """The quick start's printed bars in the README are the committed runs/<entry>/metrics.json."""
     import json
 
-    text = re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    text = quick_start_output()
     quoted = re.findall(r"^(\w+) \(version \d+; bar: (\w+) ([\d.]+) >= ([\d.]+): met\)$", text, flags=re.M)
     assert {name for name, *_ in quoted} == {"neural_programmer", "pointer_sort", "act_parity"}, text
     for name, metric, measured, bar in quoted:
@@ -146,7 +151,7 @@ def test_readme_quick_start_output_shows_the_sample_inputs_of_examples():
     (pipeline/runner/quickstart.py): examples/table_qa.json's question, sort.json's numbers, parity.json's bits."""
     import json
 
-    text = re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    text = quick_start_output()
     table = json.loads((ROOT / "examples" / "table_qa.json").read_text())
     assert f"  question: {table['question'][0]}\n" in text, text
     numbers = [round(p[0], 3) for p in json.loads((ROOT / "examples" / "sort.json").read_text())["points"][0]]
