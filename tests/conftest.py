@@ -40,9 +40,9 @@ def pytest_runtest_setup(item):
     RUNNING["test"] = item.nodeid
 
 
-# ATTNZOO_TEST_CPU_LOG=FILE: one JSON line per test with its wall seconds and the CPU seconds of this
-# process and of the child processes it waited for (servers, stages), to see where the suite's time
-# goes and how much of it waits rather than computes.
+# ATTNZOO_TEST_CPU_LOG=FILE: one JSON line per test with its worker, start time, wall seconds and the CPU
+# seconds of this process and of the child processes it waited for (servers, stages), to see where the
+# suite's time goes, how much of it waits rather than computes, and when a worker sat idle.
 CPU_LOG = os.environ.get("ATTNZOO_TEST_CPU_LOG")
 
 
@@ -58,11 +58,12 @@ def pytest_runtest_protocol(item, nextitem):
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
-    wall, (own, kids) = time.perf_counter(), cpu()
+    started, wall, (own, kids) = time.time(), time.perf_counter(), cpu()
     yield
     own_after, kids_after = cpu()
     with open(CPU_LOG, "a") as log:
-        log.write(json.dumps({"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 2),
+        log.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                              "start": round(started, 2), "wall_s": round(time.perf_counter() - wall, 2),
                               "cpu_s": round(own_after - own, 2), "children_cpu_s": round(kids_after - kids, 2)})
                   + "\n")
 
