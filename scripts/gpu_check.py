@@ -11,8 +11,10 @@
 3. The Transformer trained for ``--steps`` steps with bf16 autocast through ``accelerate launch``:
    tokens/s and model FLOPs utilisation, MFU = 6 · parameters · (source + target tokens)/s over the
    device's dense bf16 peak (an upper estimate of the work: each parameter sees one side only). The
-   rate is the steady state, read from the MLflow timestamps of the logged training steps (start-up,
-   first-step kernel selection and the final validation excluded); the whole run's rate is kept too.
+   tokens are those of the batches the steps took (the recipe's ``max_tokens`` batches or its
+   ``batch_size``); the rate is the steady state, read from the MLflow timestamps of the logged
+   training steps (start-up, first-step kernel selection and the final validation excluded); the
+   whole run's rate is kept too. ``--recount`` counts a written report's tokens again.
 
 A checkout holds trained models only for what its DVC cache holds (the cache does not travel, and
 training every entry takes hours of CPU). ``--seeded`` adds every other ``params.yaml`` entry, built
@@ -40,8 +42,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -338,8 +338,8 @@ def timing(subjects: dict, specs: dict, device: str, repeats: int, settings: dic
     return out
 
 
-def logged_steps(tracking_uri: str) -> tuple[int, float] | None:
-    """(steps, seconds) between the first and the last ``train_loss`` logged by the one training run
+def logged_steps(tracking_uri: str) -> tuple[int, int, float] | None:
+    """(first step, last step, seconds between them) of the ``train_loss`` logged by the one training run
     in ``tracking_uri``: the steady state, without start-up and the final validation."""
     import mlflow
 
@@ -348,7 +348,25 @@ def logged_steps(tracking_uri: str) -> tuple[int, float] | None:
     history = sorted(client.get_metric_history(runs[0].info.run_id, "train_loss"), key=lambda m: m.step)
     if len(history) < 2:
         return None
-    return history[-1].step - history[0].step, (history[-1].timestamp - history[0].timestamp) / 1000
+    return history[0].step, history[-1].step, (history[-1].timestamp - history[0].timestamp) / 1000
+
+
+def step_tokens(run, items: list[dict], steps: int) -> list[int]:
+    """The tokens (source + target + end of sentence) of each of the first ``steps`` global batches the
+    training loop takes, cut as it cuts them (``pipeline.training.batches``: by items, or by ``max_tokens``
+    padded tokens), epoch after epoch."""
+    from pipeline.tasks import get_task
+    from pipeline.training.batches import epoch_batches
+
+    task = get_task(run.task)
+    lengths = [task.length(it) for it in items]
+    sizes = [len(it["src"]) + len(it["tgt"]) + 1 for it in items]
+    out: list[int] = []
+    epoch = 0
+    while len(out) < steps:
+        out += [sum(sizes[i] for i in batch) for batch in epoch_batches(run.train, lengths, epoch)]
+        epoch += 1
+    return out[:steps]
 
 
 def train_transformer(root: Path, device: str, steps: int, peak: float | None) -> dict:
@@ -374,24 +392,56 @@ def train_transformer(root: Path, device: str, steps: int, peak: float | None) -
     subprocess.run(cmd, cwd=root, check=True,
                    env={**os.environ, "PYTHONPATH": path, "MLFLOW_TRACKING_URI": tracking_uri})
     summary = json.loads((out_dir / "train_summary.json").read_text())
-    task = get_task(run.task)
-    items = task.load(run.data_dir, "train")
-    tokens_per_step = float(np.mean([len(it["src"]) + len(it["tgt"]) + 1 for it in items])) * run.train.batch_size
     from pipeline.checkpoint import load_model
 
     model, _ = load_model(out_dir / "checkpoint" / "last")
-    params = sum(p.numel() for p in model.parameters())
-    whole = tokens_per_step * summary["steps"] / summary["train_seconds"]
     steady = logged_steps(tracking_uri)
-    rate = tokens_per_step * steady[0] / steady[1] if steady and steady[1] > 0 else whole
     row = {"steps": summary["steps"], "seconds": summary["train_seconds"],
-           "precision": {"no": "fp32"}.get(precision, precision), "params": params,
-           "tokens_per_s": round(rate), "tokens_per_s_whole_run": round(whole), "batch_size": run.train.batch_size,
-           "steady_window": {"steps": steady[0], "seconds": steady[1]} if steady else None,
+           "precision": {"no": "fp32"}.get(precision, precision), "params": sum(p.numel() for p in model.parameters()),
+           **batching(run), "steady_window": ({"from_step": steady[0], "steps": steady[1] - steady[0],
+                                               "seconds": steady[2]} if steady else None),
            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
-    if peak:
-        row["mfu"] = round(6 * params * rate / peak, 5)
-    return row
+    return {**row, **rates(row, step_tokens(run, get_task(run.task).load(run.data_dir, "train"), row["steps"]), peak)}
+
+
+def recount(path: Path, root: Path) -> dict:
+    """The report at ``path`` with its Transformer row's tokens counted from the batches its steps took in
+    this checkout's prepared data (``step_tokens``), its measured steps and seconds kept: for a row of this
+    checkout's recipe only (another configuration stops with one line)."""
+    import models
+    from pipeline.config import resolve
+    from pipeline.tasks import get_task
+
+    report = json.loads(path.read_text())
+    tr, run = dict(report["train"] or {}), resolve("transformer", root=root)
+    params = sum(p.numel() for p in models.build(run.arch, run.model).parameters())
+    if tr.get("params") != params:
+        raise SystemExit(f"gpu_check: {path} holds no training row of this checkout's Transformer ({params:,} "
+                         f"parameters); recount it in a checkout of the recipe it ran")
+    window = tr["steady_window"]
+    if window and "from_step" not in window:  # written before the window kept its start: the first of ten logs
+        tr["steady_window"] = {"from_step": max(1, tr["steps"] // 10), **window}
+    for key in ("batch_size", "max_tokens"):
+        tr.pop(key, None)
+    tokens = step_tokens(run, get_task(run.task).load(run.data_dir, "train"), tr["steps"])
+    report["train"] = {**tr, **batching(run), **rates(tr, tokens, peak_flops(report["device"], None))}
+    return report
+
+
+def batching(run) -> dict:
+    """How the run cut its training batches: ``{"max_tokens": N}`` (padded tokens) or ``{"batch_size": N}``."""
+    return {"max_tokens": run.train.max_tokens} if run.train.max_tokens else {"batch_size": run.train.batch_size}
+
+
+def rates(row: dict, tokens: list[int], peak: float | None) -> dict:
+    """tokens/s in the steady window (the steps after its first logged one up to its last) and over the
+    whole run, from each step's tokens; MFU where the device's peak is known."""
+    whole = sum(tokens) / row["seconds"]
+    window = row["steady_window"]
+    rate = (sum(tokens[window["from_step"]:window["from_step"] + window["steps"]]) / window["seconds"]
+            if window and window["seconds"] > 0 else whole)
+    return {"tokens_per_s": round(rate), "tokens_per_s_whole_run": round(whole),
+            **({"mfu": round(6 * row["params"] * rate / peak, 5)} if peak else {})}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -413,7 +463,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="read configurations and parity cases from a --pack DIR instead of data/prepared")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="seeded exports at once (default: one a core)")
+    ap.add_argument("--recount", type=Path, metavar="REPORT",
+                    help="count the tokens of REPORT's Transformer row (docs/gpu_check/<device>.json) again from the "
+                         "batches its steps took in this checkout's prepared data, keep its measured steps and "
+                         "seconds, rewrite it and stop")
     args = ap.parse_args(argv)
+    if args.recount:
+        report = recount(args.recount, ROOT)
+        args.recount.write_text(json.dumps(report, indent=1) + "\n")
+        print("\n".join(summary_lines(report, list(report["parity"]))[-1:]))
+        return
     import onnxruntime as ort
     import torch
 
@@ -511,8 +570,9 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
     tr = report["train"]
     if tr is None:
         return lines + ["", "Transformer training: not run (--steps 0)"]
-    lines += ["", f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, batch "
-              f"{tr['batch_size']}: {tr['tokens_per_s']:,} tokens/s in the steady state "
+    batch = f"batches of ≤ {tr['max_tokens']:,} tokens" if "max_tokens" in tr else f"batch {tr['batch_size']}"
+    lines += ["", f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, {batch}: "
+              f"{tr['tokens_per_s']:,} tokens/s in the steady state "
               f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"
               + (f", MFU {tr['mfu']:.2%}" if "mfu" in tr else ", MFU: peak unknown")]
     return lines

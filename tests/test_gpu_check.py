@@ -1,7 +1,7 @@
 """scripts/gpu_check.py's pieces that run without a GPU: the one-line exit on a CPU machine, the CUDA
-EP options wrapper, the folding of a parity report, the steady-state window read from MLflow, and the
-summary it prints (the GPU figures themselves are in docs/benchmarks.md), and the whole check run on the
-CPU for entries with seeded weights."""
+EP options wrapper, the folding of a parity report, the steady-state window read from MLflow, the tokens
+of the batches the training steps took, and the summary it prints (the GPU figures themselves are in
+docs/benchmarks.md), and the whole check run on the CPU for entries with seeded weights."""
 
 from __future__ import annotations
 
@@ -70,7 +70,36 @@ def test_logged_steps_is_the_window_between_the_first_and_last_logged_step(tmp_p
     for step, ms in ((40, 1_000_000), (400, 1_013_384), (200, 1_006_000)):
         client.log_metric(run.info.run_id, "train_loss", 1.0 / step, timestamp=ms, step=step)
     client.log_metric(run.info.run_id, "val_loss", 0.5, timestamp=1_020_000, step=400)
-    assert gpu_check.logged_steps(uri) == (360, 13.384)
+    assert gpu_check.logged_steps(uri) == (40, 400, 13.384)
+
+
+def test_the_tokens_are_those_of_the_batches_the_steps_took():
+    """Each step's tokens (source + target + 1) from the global batch the loop cuts for it: by padded
+    tokens (every batch within max_tokens, however many items) or by items, epoch after epoch, each
+    epoch taking every item once; the rates count the steady window's own steps."""
+    from types import SimpleNamespace
+
+    from pipeline.config import TrainConfig
+    from pipeline.training.batches import epoch_batches
+
+    items = [{"src": [5] * (i % 7 + 1), "tgt": [6] * (i % 5 + 2)} for i in range(40)]
+    total = sum(len(it["src"]) + len(it["tgt"]) + 1 for it in items)  # 155 source + 160 target + 40
+    lengths = [max(len(it["src"]), len(it["tgt"])) for it in items]
+    assert total == 355
+    by_tokens = SimpleNamespace(task="translation_de_en", train=TrainConfig(max_tokens=24, seed=3))
+    cut = epoch_batches(by_tokens.train, lengths, 0)
+    assert all(len(b) * max(lengths[i] for i in b) <= 24 for b in cut) and len({len(b) for b in cut}) > 1
+    tokens = gpu_check.step_tokens(by_tokens, items, 2 * len(cut) + 1)
+    assert sum(tokens[:len(cut)]) == sum(tokens[len(cut):2 * len(cut)]) == total
+    assert tokens[:len(cut)] == [sum(len(items[i]["src"]) + len(items[i]["tgt"]) + 1 for i in b) for b in cut]
+    assert tokens[-1] == sum(len(items[i]["src"]) + len(items[i]["tgt"]) + 1
+                             for i in epoch_batches(by_tokens.train, lengths, 2)[0])
+    by_items = SimpleNamespace(task="translation_de_en", train=TrainConfig(batch_size=16, seed=3))
+    tokens = gpu_check.step_tokens(by_items, items, 6)  # 16 + 16 + 8 items an epoch
+    assert len(tokens) == 6 and sum(tokens[:3]) == sum(tokens[3:]) == total
+    row = {"seconds": 10.0, "params": 1000, "steady_window": {"from_step": 2, "steps": 3, "seconds": 4.0}}
+    assert gpu_check.rates(row, [50, 60, 70, 80, 90, 100], 1e9) == {
+        "tokens_per_s": 60, "tokens_per_s_whole_run": 45, "mfu": 0.00036}  # (70+80+90)/4; 450/10; 6*1000*60/1e9
 
 
 def test_summary_lines_show_both_settings_and_the_ratios():
@@ -86,6 +115,10 @@ def test_summary_lines_show_both_settings_and_the_ratios():
     assert "| m | 7.00 | 3.50 | 2.00 | 2.00 | 3.50 | 8.00 | 16.00 | 0.50 | 10.00 | 0.80 |" in lines
     assert lines[-1] == ("Transformer (7,582,624 parameters), 400 steps, bf16, batch 64: 43,899 tokens/s in the "
                          "steady state (17,837 over the whole run of 36.6 s), MFU 0.20%")
+    report["train"] = {**report["train"], "max_tokens": 2048}
+    report["train"].pop("batch_size")
+    line = gpu_check.summary_lines(report, ["fp32"])[-1]
+    assert ", 400 steps, bf16, batches of ≤ 2,048 tokens: 43,899 tokens/s" in line, line
     report["train"] = None  # --steps 0
     assert gpu_check.summary_lines(report, ["fp32", "tf32"])[-1] == "Transformer training: not run (--steps 0)"
 
