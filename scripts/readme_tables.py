@@ -42,6 +42,14 @@ def family_of(arch: str) -> str:
     return FAMILY[arch]
 
 
+def headline_of(name: str) -> str:
+    """The metric a bar-less entry (an ablation) is shown on: one sentence naming the fix for one without."""
+    if name not in HEADLINE:
+        raise SystemExit(f"scripts/readme_tables.py: entry '{name}' has no bar and no headline metric: add the "
+                         "metric its row shows to HEADLINE in scripts/results_table.py")
+    return HEADLINE[name]
+
+
 # task -> the metric its entries are compared on at a glance (otherwise the bar's first metric)
 GLANCE_METRIC = {"translation_de_en": "bleu_beam"}
 
@@ -54,7 +62,7 @@ def glance(root: Path = ROOT) -> str:
     for name, entry in entries.items():
         metrics = json.loads((root / "runs" / name / "metrics.json").read_text())
         conditions = (metrics.get("bar") or {}).get("conditions") or []
-        key = GLANCE_METRIC.get(entry["task"]) or (conditions[0]["metric"] if conditions else HEADLINE[name])
+        key = GLANCE_METRIC.get(entry["task"]) or (conditions[0]["metric"] if conditions else headline_of(name))
         mark = " ✓" if conditions and metrics["bar"]["passed"] else (" ✗" if conditions else " (ablation)")
         family = family_of(entry["arch"])
         fams.setdefault(family, []).append((name, key, f"{_num(metrics[key])}{mark}"))

@@ -203,13 +203,18 @@ def test_the_readme_serve_line_lists_the_servers_providers():
 
 
 def test_a_new_architecture_without_a_readme_family_is_one_sentence(capsys):
-    """docs/adding-a-model.md: the generated model table needs a new architecture's row in FAMILY."""
+    """docs/adding-a-model.md: the generated model table needs a new architecture's row in FAMILY, and a new
+    entry without a bar its headline metric in HEADLINE."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import readme_tables
 
     assert readme_tables.family_of("luong") == readme_tables.family_of("transformer")  # one row, two archs
     with pytest.raises(SystemExit, match=r"architecture 'newnet' has no family: add its README row name to FAMILY"):
         readme_tables.family_of("newnet")
+    assert readme_tables.headline_of("rnn_parity") == "accuracy"
+    with pytest.raises(SystemExit, match=r"entry 'newnet_none' has no bar and no headline metric: add the metric its "
+                                         r"row shows to HEADLINE in scripts/results_table.py"):
+        readme_tables.headline_of("newnet_none")
 
 
 def test_adding_a_model_shows_the_real_params_yaml_entry():
