@@ -493,9 +493,9 @@ def readme(examples: list[Example]) -> bytes:
     lines = [
         "# Example inputs",
         "",
-        "One real input per served input kind, each the first item of a task's test split, made by the task's",
-        "own code (`pipeline/tasks/<task>.py`) from its seed in `params.yaml`; the README's `predict` and",
-        "`translate` lines use them. Regenerate them all (this file too) with",
+        "One real input per task from its test split (the table names which; `mnist_binarized.json`: see the notes),",
+        "made by the task's own code (`pipeline/tasks/<task>.py`) from its seed in `params.yaml`; the README's",
+        "`predict` and `translate` lines use them. Regenerate them all (this file too) with",
         "",
         "```bash",
         "python scripts/make_examples.py          # --check: exit 1 when a file here differs",
@@ -505,7 +505,7 @@ def readme(examples: list[Example]) -> bytes:
         "|---|---|---|---|",
     ]
     lines += [f"| [`{e.file}`]({e.file}) | {e.source} | {e.models} | {e.reference} |" for e in examples]
-    lines += ["", "Each line as the README runs it (with `attnzoo serve` up, or `--local`):", "", "```bash"]
+    lines += ["", "A command for each (with `attnzoo serve` up, or `--local`):", "", "```bash"]
     lines += [e.command for e in examples]
     lines += ["```", ""]
     for e in examples:
