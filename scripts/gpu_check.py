@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.recount:
         report = recount(args.recount, ROOT)
         args.recount.write_text(json.dumps(report, indent=1) + "\n")
-        print("\n".join(summary_lines(report, list(report["parity"]))[-1:]))
+        print(train_line(report["train"]))
         return
     import onnxruntime as ort
     import torch
@@ -567,15 +567,19 @@ def summary_lines(report: dict, settings: list[str]) -> list[str]:
             cells.append(f"{torch_ms:.2f} | " + " | ".join(
                 f"{t[b][f'onnxruntime_{s}']:.2f} | {torch_ms / t[b][f'onnxruntime_{s}']:.2f}" for s in settings))
         lines.append(f"| {label(model)} | " + " | ".join(cells) + " |")
-    tr = report["train"]
+    return [*lines, "", train_line(report["train"])]
+
+
+def train_line(tr: dict | None) -> str:
+    """The summary's training rate."""
     if tr is None:
-        return lines + ["", "Transformer training: not run (--steps 0)"]
-    batch = f"batches of ≤ {tr['max_tokens']:,} tokens" if "max_tokens" in tr else f"batch {tr['batch_size']}"
-    lines += ["", f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, {batch}: "
-              f"{tr['tokens_per_s']:,} tokens/s in the steady state "
-              f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"
-              + (f", MFU {tr['mfu']:.2%}" if "mfu" in tr else ", MFU: peak unknown")]
-    return lines
+        return "Transformer training: not run (--steps 0)"
+    batch = (f"batches of ≤ {tr['max_tokens']:,} padded tokens a side" if "max_tokens" in tr
+             else f"batch {tr['batch_size']}")
+    return (f"Transformer ({tr['params']:,} parameters), {tr['steps']} steps, {tr['precision']}, {batch}: "
+            f"{tr['tokens_per_s']:,} tokens/s in the steady state "
+            f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"
+            + (f", MFU {tr['mfu']:.2%}" if "mfu" in tr else ", MFU: peak unknown"))
 
 if __name__ == "__main__":
     main()

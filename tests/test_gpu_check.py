@@ -118,7 +118,7 @@ def test_summary_lines_show_both_settings_and_the_ratios():
     report["train"] = {**report["train"], "max_tokens": 2048}
     report["train"].pop("batch_size")
     line = gpu_check.summary_lines(report, ["fp32"])[-1]
-    assert ", 400 steps, bf16, batches of ≤ 2,048 tokens: 43,899 tokens/s" in line, line
+    assert ", 400 steps, bf16, batches of ≤ 2,048 padded tokens a side: 43,899 tokens/s" in line, line
     report["train"] = None  # --steps 0
     assert gpu_check.summary_lines(report, ["fp32", "tf32"])[-1] == "Transformer training: not run (--steps 0)"
 
