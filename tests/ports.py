@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 LISTEN = "0A"  # TCP state in /proc/net/tcp
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, in /proc/net/tcp and tcp6 (IPv4-mapped)
 
 
 def free_port() -> int:
@@ -45,6 +46,19 @@ def _listening_inodes(port: int) -> set[str] | None:
                 if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
                     inodes.add(fields[9])
     return inodes if readable else None
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Hex local addresses of the sockets listening on ``port`` (/proc/net/tcp{,6}): "0100007F" is 127.0.0.1."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                address, hex_port = fields[1].rsplit(":", 1)
+                if int(hex_port, 16) == port and fields[3] == LISTEN:
+                    found.append(address)
+    return found
 
 
 def proc_stats() -> dict[int, list[str]]:

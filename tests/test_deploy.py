@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from serving.client import Client
 from tests import pod_security
 from tests.conftest import ROOT, stop_process
-from tests.ports import free_port, wait_serving
+from tests.ports import LOOPBACK, free_port, listening_addresses, wait_serving
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -489,8 +489,11 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
     else:
         args = ["-m", "serving.server", *manifest(RUNTIME)["spec"]["containers"][0]["args"]]
     port, grpc_port = free_port(), free_port()
+    # The deployed command as written but for its folders, ports and address: a pod listens on every interface
+    # of its own network, a test on loopback only.
+    assert "0.0.0.0" in " ".join(args)
     args = [a.replace(MODELS, str(repo)).replace(str(PORT), str(port)).replace(str(GRPC_PORT), str(grpc_port))
-            for a in args]
+            .replace("0.0.0.0", "127.0.0.1") for a in args]
     assert str(repo) in " ".join(args) and str(port) in " ".join(args)
     # -S: no site-packages but the image-like one; cwd /app-like: `serving` and nothing else of the project.
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "HOME": str(tmp_path)}
@@ -506,6 +509,7 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         if not wait_serving(proc, port, Client(base, timeout=5).ready, 60):
             raise AssertionError("the server never became ready" + (
                 f"; it exited:\n{proc.stdout.read()}" if proc.poll() is not None else ""))
+        assert listening_addresses(port) and set(listening_addresses(port)) <= LOOPBACK, listening_addresses(port)
         # Docker's HEALTHCHECK command as written, on this port, in the same image-like environment.
         (health,) = instruction("HEALTHCHECK")
         check = exec_form(health.split("CMD", 1)[1].strip())
@@ -530,6 +534,8 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
             assert ready(b"", timeout=10) == b"\x08\x01"
+        assert listening_addresses(grpc_port) and set(listening_addresses(grpc_port)) <= LOOPBACK, \
+            listening_addresses(grpc_port)
     finally:
         stop_process(proc, timeout=20)
 

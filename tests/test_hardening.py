@@ -286,7 +286,6 @@ def _loaders(root):
         LocalClient(root).model_metadata("m", 1)
 
     def pyfunc():
-        pytest.importorskip("mlflow")
         from serving.pyfunc import PublishedModel
 
         context = types.SimpleNamespace(model_config={"name": "m", "version": "1"}, artifacts={"repository": str(root)})

@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, wait_for
+from tests.ports import listening_addresses
 from tests.test_serving_production import start_server, stop
 
 pytestmark = pytest.mark.integration  # starts servers or processes
@@ -223,22 +224,6 @@ def to_bytes(datatype: str, flat: list) -> bytes:
 
 def vm_rss(pid: int) -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) * 1024
-
-
-def listening_addresses(port: int) -> list[str]:
-    """Hex local addresses of the sockets listening on ``port`` (/proc/net/tcp{,6})."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            address, hex_port = fields[1].rsplit(":", 1)
-            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
-                found.append(address)
-    return found
 
 
 # ---- the server's log -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.config import ROOT
 from pipeline.runner.warm import Forked, Starter, forkable
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration  # starts processes
 
@@ -59,9 +60,13 @@ def test_a_stage_error_is_a_traceback_in_its_log_and_a_stop_signal_reaches_its_g
         sleeping = starter.spawn(["tests.warm_probe", "sleep"], {**env, "DVC_STAGE": "train@a_long_name"}, sleeping_log)
         assert failed.wait(timeout=120) == 1
         assert "ValueError: the probe's own error" in failed_log.read_text()
-        while not sleeping_log.read_text():
+
+        def printed() -> str:
             assert sleeping.poll() is None
             sleeping.starter.pump(0.1)
+            return sleeping_log.read_text()
+
+        assert wait_for(printed, 120), "the sleeping stage wrote nothing to its log in 120 s"
         assert open(f"/proc/{sleeping.pid}/comm").read().strip() == "train@a_long_na"  # its first 15 bytes: ps and top
         with pytest.raises(subprocess.TimeoutExpired):
             sleeping.wait(timeout=0.5)
