@@ -35,7 +35,8 @@ def test_clean_pair_rules():
     assert clean_pair("Ja bitte", "Yes please", rules) is None  # under 3 words
     assert clean_pair("Ein zwei drei", "one two three four five six seven eight", rules) is None  # ratio 2.67
     assert clean_pair("eine kleine Liste hier", "a small list here", Rules(sentence_like=True)) is None
-    assert clean_pair("Eine kleine Liste hier.", "A small list here.", Rules(sentence_like=True)) is not None
+    assert clean_pair("Eine kleine Liste hier.", "A small list here.", Rules(sentence_like=True)) == \
+        ("Eine kleine Liste hier.", "A small list here.")
 
 
 def test_sentences_split_where_both_sides_agree_and_not_after_abbreviations():

@@ -83,3 +83,5 @@ def test_a_registered_version_is_code_and_never_unpickled(server, tmp_path, monk
     got = model.predict({"x": x})
     _same({k: np.asarray(v) for k, v in got.items()}, server.client.infer("ntm", {"x": x}, version=1))
     assert not marker.exists()
+    cloudpickle.loads((local / "python_model.pkl").read_bytes())  # the planted file, were it read
+    assert marker.exists()

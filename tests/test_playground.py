@@ -5,7 +5,8 @@ For each served kind the test fills the page's widget as a user would (types tex
 to files written here, clicks points on the plane, draws with the mouse), waits for the answer, and
 checks the picture against the answer the server gives this test for the same input: the heatmap's
 cells are target × source pieces, the NTM's read-weights grid steps × memory slots, one overlay per
-word or letter with the attention grid's size, one marker per glimpse... Each kind's panel is saved as
+word or letter with the attention grid's size, one marker per glimpse... (DRAW draws from the page's own
+noise: its canvases are counted and sized against the model's declared output). Each kind's panel is saved as
 a screenshot in the test's tmp dir (and in $ATTNZOO_SCREENSHOTS when set). The page must make no
 request beyond the server (the browser's own network log), and a bad input must show the server's
 one-sentence error. Also: Triton's repository index (``POST /v2/repository/index``), the static

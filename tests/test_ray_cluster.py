@@ -155,10 +155,14 @@ def test_unreachable_ray_address_is_one_sentence(repo, tmp_path):
 
 
 def test_check_address_accepts_a_listening_head_and_local_runs(cluster):
+    """No error for the head's address (plain or ray://) and for a local run; one for a port nobody holds."""
     check_address(cluster)
     check_address(f"ray://{cluster}")
     for local in (None, "", "auto", "local"):
         check_address(local)
+    closed = f"127.0.0.1:{free_port()}"
+    with pytest.raises(UserError, match=rf"RAY_ADDRESS={closed}: no Ray cluster answers there"):
+        check_address(closed)
 
 
 def _result(config, loss=None, error=None):

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration  # starts servers or processes
 README = ROOT / "README.md"
 
 # Each kind of README command line -> the test that runs it (file::function). A new command in the
-# README needs a line here, and so a test that runs it.
+# README needs a line here, and so a test that runs it. Two are run by a file instead: `make test` by CI
+# (.ci/run calls it on a fresh clone), and `source .venv/bin/activate` activates what scripts/setup.sh makes,
+# which every `make` target and CI run.
 SERVING_BLOCK = ("tests/test_readme_commands.py::"
                  "test_readme_serving_block_runs_as_written_through_the_server_and_locally")
 COVERED = {

@@ -194,10 +194,15 @@ def test_decisions_fail_on_a_clear_flip_and_count_flips_at_rounding_level():
 
 
 def test_config_dataclasses_are_typed():
+    """Every field's annotation resolves to a type (what a `--set` value is checked against)."""
+    import typing
+
     for entry in models.REGISTRY.values():
         assert dataclasses.is_dataclass(entry.config_cls)
+        hints = typing.get_type_hints(entry.config_cls)
         for f in dataclasses.fields(entry.config_cls):
-            assert f.type is not None
+            hint = hints[f.name]
+            assert isinstance(hint, type) or typing.get_origin(hint) is not None, (entry.config_cls, f.name, hint)
 
 
 @pytest.mark.parametrize("teacher_forced", ["per_step", "hoisted", "deferred"])
