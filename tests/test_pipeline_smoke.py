@@ -80,7 +80,7 @@ def assert_graphs_score_as_pytorch(repo: Path, params: dict) -> None:
     onnxruntime (greedy through the serving loop, beam through the export specs; the NTM's bits from
     the served model, DRAW's bound from its ``infer`` graph) gives every test metric evaluate@ wrote
     with PyTorch, exactly; and the int8 graphs quantize@ scored hold integer MatMuls, convolutions
-    left in fp32 (params.yaml ``quantize.op_types``)."""
+    left in fp32 (params.yaml ``quantize.op_types``), and score what quantize@ recorded."""
     import onnx
 
     from pipeline.checkpoint import load_model
@@ -104,8 +104,14 @@ def assert_graphs_score_as_pytorch(repo: Path, params: dict) -> None:
     ops = {n.op_type for g in (ocr / "int8").glob("*.onnx") for n in onnx.load(str(g)).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops and "ConvInteger" not in ops, ops
     int8 = json.loads((ocr / "int8_metrics.json").read_text())
-    assert 0.0 <= int8["metrics"]["seq_acc_beam"] <= 100.0 and int8["metrics"]["cer_beam"] >= 0.0
-    assert [c["metric"] for c in int8["gate"]["conditions"]] == ["seq_acc_beam"]
+    model, _ = load_model(ocr / "checkpoint" / "best")
+    assert evaluate_graphs(model, resolve(ocr.name, params=params, root=repo), ocr / "int8", threads=1) == \
+        int8["metrics"]  # the int8 graphs score what quantize@ recorded
+    (cond,) = int8["gate"]["conditions"]  # held to evaluate@'s fp32 figure, worse by what the two differ
+    fp32 = json.loads((ocr / "metrics.json").read_text())["seq_acc_beam"]
+    assert (cond["metric"], cond["fp32"], cond["int8"]) == ("seq_acc_beam", fp32, int8["metrics"]["seq_acc_beam"])
+    assert cond["worse_by"] == round(fp32 - cond["int8"], 6)
+    assert cond["passed"] == (cond["worse_by"] <= int8["gate"]["tolerance"]) == int8["gate"]["passed"]
 
 
 def test_make_repro_end_to_end_then_dvc_repro_has_nothing_to_do(tmp_path):
