@@ -419,7 +419,7 @@ def recount(path: Path, root: Path) -> dict:
         raise SystemExit(f"gpu_check: {path} holds no training row of this checkout's Transformer ({params:,} "
                          f"parameters); recount it in a checkout of the recipe it ran")
     window = tr["steady_window"]
-    if window and "from_step" not in window:  # written before the window kept its start: the first of ten logs
+    if window and "from_step" not in window:  # a report without the window's start: the first of ten logged steps
         tr["steady_window"] = {"from_step": max(1, tr["steps"] // 10), **window}
     for key in ("batch_size", "max_tokens"):
         tr.pop(key, None)
@@ -469,7 +469,12 @@ def main(argv: list[str] | None = None) -> None:
                          "seconds, rewrite it and stop")
     args = ap.parse_args(argv)
     if args.recount:
-        report = recount(args.recount, ROOT)
+        from pipeline.config import UserError
+
+        try:
+            report = recount(args.recount, ROOT)
+        except UserError as err:
+            raise SystemExit(f"gpu_check: --recount needs the Transformer's prepared data here ({err})") from None
         args.recount.write_text(json.dumps(report, indent=1) + "\n")
         print(train_line(report["train"]))
         return
