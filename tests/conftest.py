@@ -233,14 +233,18 @@ def save_last(tmp_path):
     return write
 
 
+# The tiny copy task the tests prepare for a tiny NTM (ntm_copy_root, a repository copy's CLI and Ray runs).
+TINY_COPY_TASK = {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16, "test_size": 4,
+                  "test_lengths": [4]}
+
+
 @pytest.fixture
 def ntm_copy_root(tmp_path, monkeypatch):
     """A repository root for a tiny NTM on a tiny copy task: 8 steps of 8, validated every 4, lr 0.01."""
     from pipeline.stages.prepare import prepare
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, tmp_path / "data" / "prepared" / "copy")
+    prepare("copy", TINY_COPY_TASK, tmp_path / "data" / "prepared" / "copy")
     model = {k: v for k, v in TINY["ntm"].items() if k not in ("input_size", "output_size")}
     params = {"train": {}, "models": {"ntm": {"arch": "ntm", "task": "copy", "model": model, "train": {
         "max_steps": 8, "eval_every": 4, "log_every": 2, "batch_size": 8, "warmup_steps": 1, "lr": 0.01}}}}

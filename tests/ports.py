@@ -34,9 +34,10 @@ def handing_out_first(port: int) -> Callable[[], int]:
     return lambda: next(first, None) or free_port()
 
 
-def _listening_inodes(port: int) -> set[str] | None:
-    """Inodes of the sockets listening on ``port`` (any address), or None where /proc/net cannot be read."""
-    inodes, readable = set(), False
+def _listening_rows(port: int) -> list[list[str]] | None:
+    """The /proc/net/tcp{,6} rows of the sockets listening on ``port`` (any address), or None where /proc/net
+    cannot be read."""
+    rows, readable = [], False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             lines = Path(table).read_text().splitlines()[1:]
@@ -44,21 +45,19 @@ def _listening_inodes(port: int) -> set[str] | None:
             for line in lines:
                 fields = line.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
                 if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(fields[9])
-    return inodes if readable else None
+                    rows.append(fields)
+    return rows if readable else None
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the sockets listening on ``port`` (any address), or None where /proc/net cannot be read."""
+    rows = _listening_rows(port)
+    return None if rows is None else {fields[9] for fields in rows}
 
 
 def listening_addresses(port: int) -> list[str]:
     """Hex local addresses of the sockets listening on ``port`` (/proc/net/tcp{,6}): "0100007F" is 127.0.0.1."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                address, hex_port = fields[1].rsplit(":", 1)
-                if int(hex_port, 16) == port and fields[3] == LISTEN:
-                    found.append(address)
-    return found
+    return [fields[1].rsplit(":", 1)[0] for fields in _listening_rows(port) or []]
 
 
 def proc_stats() -> dict[int, list[str]]:

@@ -13,7 +13,7 @@ import models
 from pipeline.checkpoint import load_model, save
 from pipeline.config import RunConfig, TrainConfig, UserError
 from pipeline.runner.cli import DESCRIPTIONS
-from tests.conftest import ROOT, TINY, Planted, copy_repo
+from tests.conftest import ROOT, TINY, TINY_COPY_TASK, Planted, copy_repo
 
 
 def cli(*args, cwd=ROOT, timeout=300):
@@ -38,8 +38,7 @@ def test_bad_override_key_is_one_line(tmp_path, monkeypatch):
 
     repo = copy_repo(tmp_path / "repo")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, repo / "data" / "prepared" / "copy")
+    prepare("copy", TINY_COPY_TASK, repo / "data" / "prepared" / "copy")
     proc = cli("train", "ntm", "--set", "memroy_size=3", cwd=repo)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()

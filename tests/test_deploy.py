@@ -509,7 +509,8 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         if not wait_serving(proc, port, Client(base, timeout=5).ready, 60):
             raise AssertionError("the server never became ready" + (
                 f"; it exited:\n{proc.stdout.read()}" if proc.poll() is not None else ""))
-        assert listening_addresses(port) and set(listening_addresses(port)) <= LOOPBACK, listening_addresses(port)
+        addresses = listening_addresses(port)
+        assert addresses and set(addresses) <= LOOPBACK, addresses
         # Docker's HEALTHCHECK command as written, on this port, in the same image-like environment.
         (health,) = instruction("HEALTHCHECK")
         check = exec_form(health.split("CMD", 1)[1].strip())
@@ -534,8 +535,8 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
             assert ready(b"", timeout=10) == b"\x08\x01"
-        assert listening_addresses(grpc_port) and set(listening_addresses(grpc_port)) <= LOOPBACK, \
-            listening_addresses(grpc_port)
+        addresses = listening_addresses(grpc_port)
+        assert addresses and set(addresses) <= LOOPBACK, addresses
     finally:
         stop_process(proc, timeout=20)
 

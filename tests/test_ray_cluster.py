@@ -21,7 +21,7 @@ from pipeline.cluster import check_address
 from pipeline.config import UserError
 from pipeline.stages.prepare import prepare
 from pipeline.stages.tune import pick_best
-from tests.conftest import TINY, copy_repo, venv_env
+from tests.conftest import TINY, TINY_COPY_TASK, copy_repo, venv_env
 from tests.mlflow_server import mlflow_server
 from tests.ports import handing_out_first
 from tests.ray_cluster import alive_nodes, free_port, ray_cluster
@@ -47,8 +47,7 @@ def server(tmp_path_factory):
 def repo(tmp_path_factory):
     """One copy of the repository with tiny prepared copy-task data; each test writes its params."""
     repo = copy_repo(tmp_path_factory.mktemp("repo"))
-    prepare("copy", {"seed": 1, "bits": 4, "min_len": 1, "max_len": 4, "train_size": 96, "val_size": 16,
-                     "test_size": 4, "test_lengths": [4]}, repo / "data" / "prepared" / "copy")
+    prepare("copy", TINY_COPY_TASK, repo / "data" / "prepared" / "copy")
     return repo
 
 
