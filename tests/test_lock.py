@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import sys
 import tomllib
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -145,3 +147,26 @@ def test_the_installed_packages_are_the_locks_versions():
         if Version(have) != Version(pin.version):
             wrong.append(f"{name}: {have} installed, {pin.version} locked")
     assert not wrong, f"{sys.prefix} differs from {lock} (run `make setup`): {wrong}"
+
+
+def test_the_locked_build_backend_reads_pyproject_without_a_deprecation(tmp_path):
+    """setup.sh builds attnzoo with the locked setuptools; a form it deprecates becomes an error on a date
+    it names (a license table did: "By 2027-Feb-18 ... your builds will no longer be supported"). The
+    same check on a license table warns (its negative control), so a warning here is caught before then."""
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+    from setuptools.warnings import SetuptoolsDeprecationWarning
+
+    def deprecations(path):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            apply_configuration(Distribution(), str(path))
+        return [str(w.message).splitlines()[0] for w in seen if issubclass(w.category, SetuptoolsDeprecationWarning)]
+
+    assert deprecations(ROOT / "pyproject.toml") == []
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "MIT"\n' in text
+    shutil.copy(ROOT / "README.md", tmp_path)  # the readme the file names, beside it
+    old = tmp_path / "pyproject.toml"
+    old.write_text(text.replace('license = "MIT"\n', 'license = { text = "MIT" }\n'))
+    assert deprecations(old) == ["`project.license` as a TOML table is deprecated"]
