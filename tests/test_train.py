@@ -344,7 +344,7 @@ def test_bf16_precision_autocasts_the_step_and_still_learns(root, monkeypatch):
     original = ntm.NTM.loss
 
     def spying(self, batch):
-        dtypes.append((torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()))
+        dtypes.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         return original(self, batch)
 
     monkeypatch.setattr(ntm.NTM, "loss", spying)
