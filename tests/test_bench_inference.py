@@ -8,6 +8,7 @@ import time
 from itertools import groupby
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,31 @@ def test_bench_apart_measures_every_engine_at_each_thread_count_and_batch(checko
             assert set(by_engine) == {"eager", "fp32", "int8"}
             assert all(0 < ms < 10_000 for ms in by_engine.values()), (size, by_engine)
             assert 0.0 <= at["int8_same"][size] <= 1.0
+
+
+def test_same_rows_compares_what_a_user_sees_of_each_row():
+    """int8_same's share: tokens up to each row's length, else argmax or answer, else the logits' sign,
+    else (no decision output) every value to 1e-3."""
+    same = bench_inference.same_rows
+    a = {"tokens": np.array([[4, 5, 0], [6, 7, 8], [1, 2, 3], [9, 9, 9]]), "lengths": np.array([2, 3, 3, 1])}
+    b = {"tokens": np.array([[4, 5, 9], [6, 7, 1], [1, 2, 3], [9, 9, 9]]), "lengths": np.array([2, 3, 3, 2])}
+    # Row 0 differs past its length only (same), row 1 inside it, row 3 in its length: 2 of 4.
+    assert same(a, b) == 0.5
+    assert same({"pred": np.array([[1, 2], [3, 4], [5, 6]])}, {"pred": np.array([[1, 2], [3, 0], [5, 6]])}) == 2 / 3
+    assert same({"logits": np.array([0.3, -1.0, 2.0])}, {"logits": np.array([0.1, 0.2, 5.0])}) == 2 / 3
+    values = {"scalar": np.array([1.0, 2.0]), "lookup": np.array([[0.5, 0.5], [0.1, 0.9]])}
+    close = {"scalar": np.array([1.0005, 2.0]), "lookup": np.array([[0.5, 0.5], [0.1, 0.8]])}
+    assert same(values, close) == 0.5  # row 0 within 1e-3, row 1's lookup 0.1 off
+
+
+def test_batch_groups_are_the_single_cases_and_the_largest_case_tiled_to_32_rows():
+    three = torch.arange(6.0).reshape(3, 2)  # the largest case: 3 rows
+    cases = [("a", {"x": torch.zeros(1, 3)}), ("b", {"x": three}), ("c", {"x": torch.ones(1, 5)})]
+    groups = bench_inference.batch_groups(cases)
+    assert [b["x"].shape for b in groups[1]] == [(1, 3), (1, 5)]
+    (tiled,) = groups[32]
+    assert tiled["x"].shape == (32, 2)
+    assert torch.equal(tiled["x"], three[torch.arange(32) % 3])  # rows 0, 1, 2, 0, ...
 
 
 @pytest.mark.integration
