@@ -21,7 +21,7 @@ from pipeline.cluster import check_address
 from pipeline.config import UserError
 from pipeline.stages.prepare import prepare
 from pipeline.stages.tune import pick_best
-from tests.conftest import TINY, TINY_COPY_TASK, copy_repo, venv_env
+from tests.conftest import ROOT, TINY, TINY_COPY_TASK, copy_repo, venv_env
 from tests.mlflow_server import mlflow_server
 from tests.ports import handing_out_first
 from tests.ray_cluster import alive_nodes, free_port, ray_cluster
@@ -220,3 +220,28 @@ def test_a_head_port_another_listener_holds_is_left_before_any_worker_joins(monk
     joins = [c[c.index("--address") + 1] for c in commands if "start" in c and "--address" in c]
     assert heads[0] == str(taken) and len(heads) == 2  # the first head lost its port; the second started
     assert joins == [address]  # the one worker joined the second head only
+
+
+def test_the_code_ray_ships_is_code_only_at_the_size_the_cluster_doc_states(tmp_path):
+    """runtime_env's working_dir, zipped by Ray's own packaging code with its excludes: no data, runs,
+    environment or store of this checkout goes (they exist here), and the upload is the size
+    docs/cluster.md states."""
+    import re
+    import zipfile
+
+    from ray._private.runtime_env import packaging
+
+    from pipeline.cluster import runtime_env
+
+    env = runtime_env("sqlite:///mlflow.db")
+    packaging._zip_files(env["working_dir"], env["excludes"], str(tmp_path / "code.zip"), include_gitignore=True)
+    names = zipfile.ZipFile(tmp_path / "code.zip").namelist()
+    assert {"pipeline/cluster.py", "models/layers.py", "params.yaml", "dvc.yaml"} <= set(names)
+    tops = {n.split("/")[0] for n in names}
+    stores = {".git", ".venv", ".dvc", "data", "runs", "results", "reports", "model_repository", "mlruns"}
+    assert not tops & stores, tops
+    assert not [n for n in names if n.endswith(".db") or "__pycache__" in n]
+    stated = re.search(r"about (\d+) MiB, which Ray zips", (ROOT / "docs" / "cluster.md").read_text())
+    assert stated, "docs/cluster.md no longer states the upload's size"
+    mib = (tmp_path / "code.zip").stat().st_size / 2**20
+    assert 0.6 * int(stated[1]) <= mib <= 1.4 * int(stated[1]), f"{mib:.1f} MiB; docs/cluster.md: {stated[1]}"
