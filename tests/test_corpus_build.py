@@ -194,9 +194,9 @@ def test_a_version_from_a_file_name_never_leaves_the_cache(tmp_path):
 
 @pytest.mark.integration
 def test_an_unpacked_tree_changed_in_the_cache_is_unpacked_again(tmp_path):
-    """Finding 4: a tree was reused whenever its marker held the .deb's digest, so a file edited in
-    the tree, or one planted there, was read by the next build. The next fetch finds the change and
-    unpacks the (verified) .deb again: edited file restored, planted file gone."""
+    """An unpacked tree is not trusted on its marker (the .deb's digest) alone: if it were, a file
+    edited in the tree, or one planted there, would be read by the next build. The next fetch finds
+    the change and unpacks the (verified) .deb again: edited file restored, planted file gone."""
     cache = tmp_path / "cache"
     _, tree = fetch(["coreutils"], cache, progress=False)["coreutils"]
     copyright_file = tree / "usr/share/doc/coreutils/copyright"

@@ -230,9 +230,10 @@ def test_private_apt_config(tmp_path):
 
 
 def test_a_cached_index_changed_after_its_download_is_downloaded_again(tmp_path, lists, monkeypatch):
-    """Finding 4: the DDTP lists were reused as they were found. Their digests are recorded when
-    apt-get update has written them; an index edited, or removed and planted, afterwards makes the
-    next download run apt-get update again (repair), and an untouched cache does not."""
+    """Cached DDTP lists are not reused as they are found, or an edited or planted index would feed
+    the corpus. Their digests are recorded when apt-get update has written them; an index edited, or
+    removed and planted, afterwards makes the next download run apt-get update again (repair), and
+    an untouched cache does not."""
     suites = ["bookworm", "trixie"]
     cache = _cache(tmp_path, lists, suites)
     folder = cache / "ddtp" / "lists"

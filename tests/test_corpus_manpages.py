@@ -224,9 +224,9 @@ def test_roff_text():
 
 
 def test_so_includes_and_links_cannot_leave_the_package_roots(tmp_path):
-    """Finding 4: the man-page reader followed ``.so ../../…`` (and a linked directory) outside the
-    unpacked packages. A redirection or link that leads outside every root reads nothing; one that
-    stays inside is still followed."""
+    """The man-page reader must not follow ``.so ../../…`` (or a linked directory) outside the
+    unpacked packages, where it would read files that belong to no package. A redirection or link
+    that leads outside every root reads nothing; one that stays inside is still followed."""
     from pipeline.tasks.translation_de_en.corpus.manpages import read_page
 
     root = tmp_path / "pkg"

@@ -314,8 +314,8 @@ def kserve_pod() -> tuple[dict, dict]:
 
 
 def test_kserve_pod_passes_the_restricted_pod_security_standard():
-    """Serving hardening, finding 7: the KServe manifests fail the "restricted" Pod Security level (no
-    readOnlyRootFilesystem, no seccompProfile RuntimeDefault). The pod they make passes every restricted
+    """A cluster that enforces the "restricted" Pod Security level refuses a pod without
+    readOnlyRootFilesystem or seccompProfile RuntimeDefault. The pod the manifests make passes every restricted
     control (tests/pod_security.py), and its container's root file system is read-only, with an emptyDir
     at each path the server writes to (/tmp: --workers N keeps its Prometheus files there)."""
     meta, spec = kserve_pod()
@@ -479,8 +479,8 @@ def _read_only_root_works(tmp: Path, env: dict) -> bool:
 
 @pytest.mark.parametrize("started_by", ["Dockerfile", "ServingRuntime", "ServingRuntime, read-only root"])
 def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_probes(started_by, tmp_path):
-    """The last case runs the server as the ServingRuntime's pod does, with only WRITABLE writable (serving
-    hardening, finding 7: readOnlyRootFilesystem)."""
+    """The last case runs the server as the ServingRuntime's pod does, with only WRITABLE writable (its
+    readOnlyRootFilesystem)."""
     repo = tmp_path / "model_repository"
     w = publish_tiny(repo, tmp_path / "work")
     site, app = image_like(tmp_path)

@@ -55,9 +55,9 @@ def _parse(body: dict, binary: bool) -> None:
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary-header"])
 def test_every_field_with_every_json_type_is_accepted_or_a_400_naming_the_field(binary):
-    """Finding 10: an input whose datatype is a list raised TypeError (a 500); every field of the
-    request schema, tried with every JSON type, is either valid or a RequestError (4xx) whose one
-    sentence names the field."""
+    """A field of an unexpected JSON type (e.g. an input whose datatype is a list) must not raise
+    TypeError (a 500): every field of the request schema, tried with every JSON type, is either
+    valid or a RequestError (4xx) whose one sentence names the field."""
     wrong = []
     for path, word in FIELDS:
         for kind, value in JSON_TYPES.items():
@@ -82,9 +82,9 @@ def _many_members(size: int) -> bytes:
 
 @pytest.mark.parametrize("mib", [1, 8])
 def test_a_body_of_many_gzip_members_is_refused_or_decoded_in_well_under_a_second(mib):
-    """Finding 1: a gzip body of many empty members was decoded in quadratic time (each member copied
-    the rest of the body): 1.17 s at 1 MiB, about 40 s at 8 MiB. It is refused (4xx naming the
-    member cap) or decoded in linear time, well under a second."""
+    """A gzip body of many empty members would decode in quadratic time if each member copied the
+    rest of the body (1.17 s at 1 MiB, about 40 s at 8 MiB). It is refused (4xx naming the member
+    cap) or decoded in linear time, well under a second."""
     from serving.protocol import decode_body
 
     body = _many_members(mib * 2**20)
@@ -98,8 +98,9 @@ def test_a_body_of_many_gzip_members_is_refused_or_decoded_in_well_under_a_secon
 
 
 def test_a_few_gzip_members_still_decode_and_the_inflated_size_is_capped():
-    """Finding 1: concatenated members within the cap decode to their concatenation, in one pass;
-    a member that inflates past the limit is 413 however it is split."""
+    """Capping gzip members keeps ordinary bodies working: concatenated members within the cap
+    decode to their concatenation, in one pass; a member that inflates past the limit is 413 however
+    it is split."""
     import gzip
 
     from serving.protocol import decode_body
@@ -135,10 +136,10 @@ class _Request:
 
 
 def test_the_codec_queue_is_bounded_and_its_jobs_keep_the_request_deadline():
-    """Finding 1: parsing ran on two codec threads behind an unbounded queue, outside the request's
-    deadline. With both threads busy and --max-queue jobs waiting, one more request is 503 with
-    Retry-After at once; a job that waited past its deadline is 504 and never starts, and a running
-    one is answered 504 at its deadline."""
+    """Parsing runs on two codec threads; an unbounded queue in front of them, outside the request's
+    deadline, would let slow bodies pile up work without limit. With both threads busy and
+    --max-queue jobs waiting, one more request is 503 with Retry-After at once; a job that waited
+    past its deadline is 504 and never starts, and a running one is answered 504 at its deadline."""
     import asyncio
     import threading
 
@@ -187,8 +188,8 @@ def _guarded_app(**cfg):
 
 
 def test_a_web_page_cannot_reach_the_server_by_origin_host_or_a_simple_post():
-    """Finding 8: a page the developer visits could POST text/plain to 127.0.0.1:8000/.../infer and,
-    through DNS rebinding (Host: the attacker's name), read the answers. Playing the browser: a
+    """A page the developer visits must not be able to POST text/plain to 127.0.0.1:8000/.../infer
+    nor, through DNS rebinding (Host: the attacker's name), read the answers. Playing the browser: a
     foreign Origin is 403, a Host not in the allow-list (default: the bound address and localhost)
     is 400, and infer with a form or text Content-Type is 415, all before any work; the server's own
     origin, localhost, tritonclient (no Content-Type, no Origin) and the JSON and binary types pass."""
@@ -230,8 +231,8 @@ def test_a_web_page_cannot_reach_the_server_by_origin_host_or_a_simple_post():
 
 
 def test_no_page_loads_anything_from_outside_the_server():
-    """Finding 6: /docs and /redoc loaded Swagger UI and ReDoc from a CDN at a floating version, with
-    no integrity hash and no CSP, even in production. They are not served (the schema stays at
+    """FastAPI's /docs and /redoc would load Swagger UI and ReDoc from a CDN at a floating version,
+    with no integrity hash and no CSP, even in production. They are not served (the schema stays at
     /openapi.json), and every page the server does serve carries the CSP and names no other host."""
     import re
 
@@ -304,10 +305,10 @@ def _loaders(root):
 
 @pytest.mark.parametrize("case", ["no files_sha256", "a file changed"])
 def test_no_loader_serves_an_unverified_version(tmp_path, case):
-    """Finding 5: a version without files_sha256 was served with a warning (even as the default), and
-    LocalClient, the MLflow pyfunc and the Triton backend loaded versions unchecked. Every loader
-    refuses such a version, and one whose file differs, with one sentence naming the version and
-    what to do (republish)."""
+    """No loader serves a version it cannot verify: one without files_sha256 is not served, not even
+    with a warning or as the default, and the server, LocalClient, the MLflow pyfunc and the Triton
+    backend all check. Every loader refuses such a version, and one whose file differs, with one
+    sentence naming the version and what to do (republish)."""
     _version(tmp_path, files_sha256=case != "no files_sha256", tamper=case == "a file changed")
     for loader, load in _loaders(tmp_path).items():
         try:
@@ -317,13 +318,13 @@ def test_no_loader_serves_an_unverified_version(tmp_path, case):
         assert "m version 1" in message and "republish" in message, (loader, message)
 
 
-# ---- Finding 3: memory that grows with the square of a length, admitted against a budget ---------
+# ---- memory that grows with the square of a length, admitted against a budget --------------------
 def test_the_memory_estimate_grows_with_rows_length_and_length_squared():
-    """Finding 3: the Transformer's encoder was served at 64 rows of 2,000 steps, whose attention
-    scores alone are [64, 4, 2000, 2000] fp32 (4.1 GB) against a 4 GiB pod. Each version now
-    declares its peak memory as rows x (per_row + per_step x length + per_step2 x length²): the
-    Transformer's from its config (six [heads, L, L] fp32 tensors a row, measured at most 5.7), and
-    versions published before carry none and get a default at least as large."""
+    """64 rows of 2,000 steps to the Transformer's encoder need, for the attention scores alone,
+    [64, 4, 2000, 2000] fp32 (4.1 GB) against a 4 GiB pod. So each version declares its peak
+    memory as rows x (per_row + per_step x length + per_step2 x length²): the Transformer's from
+    its config (six [heads, L, L] fp32 tensors a row, measured at most 5.7), and versions published
+    before memory was recorded carry none and get a default at least as large."""
     from serving.admission import Memory
 
     m = Memory.transformer(dim=256, heads=4, ff_dim=1024, enc_layers=3, dec_layers=3)
@@ -332,7 +333,7 @@ def test_the_memory_estimate_grows_with_rows_length_and_length_squared():
     assert m.per_hypothesis_step == 4 * 2 * 3 * 256
     assert m.bytes(1, 10) == m.per_row + 10 * m.per_step + 100 * m.per_step2
     assert m.bytes(2, 10, hypotheses=5) == 2 * m.bytes(1, 10) + 5 * 10 * m.per_hypothesis_step
-    assert m.bytes(64, 2000) > 4 * 2**30  # the finding's request
+    assert m.bytes(64, 2000) > 4 * 2**30  # 64 rows of 2,000 steps: over a 4 GiB pod
     steps = m.largest_steps(64, 3 * 2**30)
     assert m.bytes(64, steps) <= 3 * 2**30 < m.bytes(64, steps + 1)
     assert Memory.of(m.as_json()) == m
@@ -344,8 +345,9 @@ def test_the_memory_estimate_grows_with_rows_length_and_length_squared():
 
 
 def test_publish_records_each_models_memory_from_its_config():
-    """Finding 3: the serving block a version is published with carries its memory estimate: the
-    Transformer's from its width, heads and layers; a model without self-attention has no length² term."""
+    """The serving block a version is published with carries its memory estimate, which requests are
+    admitted against: the Transformer's from its width, heads and layers; a model without
+    self-attention has no length² term."""
     from types import SimpleNamespace
 
     import models
@@ -365,8 +367,9 @@ def test_publish_records_each_models_memory_from_its_config():
 
 @pytest.mark.parametrize("content, mib", [("max\n", 4096), ("2147483648\n", 2048), ("9223372036854771712\n", 4096)])
 def test_the_memory_budget_defaults_to_the_cgroup_limit_else_the_pod_limit(tmp_path, content, mib):
-    """Finding 3: --memory-budget-mb 0 (the default) takes the container's memory limit (cgroup v2
-    memory.max or v1 memory.limit_in_bytes), or the KServe pod's 4 GiB where none is set."""
+    """--memory-budget-mb 0 (the default) takes the container's memory limit (cgroup v2 memory.max
+    or v1 memory.limit_in_bytes), or the KServe pod's 4 GiB where none is set, so requests are
+    admitted against the memory the server may use."""
     from serving.admission import memory_limit
 
     (tmp_path / "memory.max").write_text(content)
@@ -375,8 +378,8 @@ def test_the_memory_budget_defaults_to_the_cgroup_limit_else_the_pod_limit(tmp_p
 
 
 def test_a_request_over_the_memory_budget_is_413_naming_the_estimate_and_the_fix():
-    """Finding 3: a request whose estimate exceeds the budget is refused with 413 from its shapes
-    alone, in one sentence naming the estimate, the budget and what to send instead."""
+    """A request whose memory estimate exceeds the budget is refused with 413 from its shapes alone,
+    before the model runs, in one sentence naming the estimate, the budget and what to send instead."""
     from serving.admission import Memory
     from serving.base import ServedModel
     from serving.protocol import TensorSpec

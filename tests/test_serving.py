@@ -547,12 +547,12 @@ def _small_latencies(url: str, count: int, steps: int = 2) -> list[float]:
     return sorted(took)
 
 
-# The hostile client of finding 1, in its own process (its threads must not share the measuring
-# process's interpreter lock): many-member gzip bodies on three threads, each sending its next body
-# 0.1 s after the last answer (about 30 a second arrive: the review saw two at once stall others
-# for seconds; a flood from this 2-core box would measure the client's own CPU, not the server), for
-# at most `seconds` and 300 requests a thread, or until its stdin closes. It prints one line when the
-# first answer arrived, then the answers' statuses and times as JSON.
+# A hostile client, in its own process (its threads must not share the measuring process's
+# interpreter lock): many-member gzip bodies on three threads, each sending its next body 0.1 s
+# after the last answer (about 30 a second arrive: were such bodies slow to decode, two at once
+# would stall others for seconds; a flood from this 2-core box would measure the client's own CPU,
+# not the server), for at most `seconds` and 300 requests a thread, or until its stdin closes. It
+# prints one line when the first answer arrived, then the answers' statuses and times as JSON.
 GZIP_SENDER = r"""
 import gzip, json, sys, threading, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -584,15 +584,15 @@ print(json.dumps(answers), flush=True)
 
 @pytest.mark.timing
 def test_many_member_gzip_bodies_are_refused_at_once_and_do_not_slow_others(server):
-    """Finding 1: gzip bodies of many empty members (0.45 MiB: decoded, 1 and 8 MiB: over this
-    server's body limit), sent back to back by another process, are each answered 4xx in well under
-    a second, and an unrelated inference of about 25 ms (a 100-step NTM run, as the review's
-    20 ms one) keeps its p99 within twice its idle figure. Idle and loaded samples alternate in
-    rounds, so a slow moment of the machine falls on both. 400 samples each: a 2-core virtual
-    machine here stalled a 10 ms pure-Python loop to 30-60 ms two or three times a second with
-    nothing else running, and 2-3 % of idle 20 ms requests met such a stall. With 120 samples a
-    p99 (the second largest) is one stall or another: 16 runs gave loaded/idle ratios of 0.50-2.67
-    (CI once 2.86); with 600, four runs gave 1.20-1.36."""
+    """A stream of hostile gzip bodies must not slow other clients: bodies of many empty members
+    (0.45 MiB: decoded, 1 and 8 MiB: over this server's body limit), sent back to back by another
+    process, are each answered 4xx in well under a second, and an unrelated inference of about 25 ms
+    (a 100-step NTM run, close to a 20 ms request) keeps its p99 within twice its idle figure.
+    Idle and loaded samples alternate in rounds, so a slow moment of the machine falls on both.
+    400 samples each: a 2-core virtual machine here stalled a 10 ms pure-Python loop to 30-60 ms
+    two or three times a second with nothing else running, and 2-3 % of idle 20 ms requests met
+    such a stall. With 120 samples a p99 (the second largest) is one stall or another: 16 runs gave
+    loaded/idle ratios of 0.50-2.67 (CI once 2.86); with 600, four runs gave 1.20-1.36."""
     _small_latencies(server.url, 5, steps=100)  # warm
     idle, loaded, answers = [], [], []
     for _ in range(4):

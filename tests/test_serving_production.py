@@ -481,11 +481,11 @@ def test_an_input_with_an_empty_axis_is_400_and_the_server_lives_on(published):
 
 @pytest.mark.timing
 def test_a_body_that_does_not_arrive_in_time_is_408(repo):
-    """A client that declares 100 bytes and sends 10 holds its buffer until --body-timeout-s, then
-    gets 408 (before: for as long as it liked). Finding 2, same server: --max-connections sockets
-    held open, half silent and half in the middle of their headers, locked every client out (503,
-    /v2/health/live too); now live answers 200 at once, inference too, and the server closes each
-    of those sockets once --header-timeout-s has passed without complete headers."""
+    """A client that declares 100 bytes and sends 10 holds its buffer only until --body-timeout-s,
+    not for as long as it likes, then gets 408. Same server: --max-connections sockets held open,
+    half silent and half in the middle of their headers, must not lock every client out (503,
+    /v2/health/live too): live answers 200 at once, inference too, and the server closes each of
+    those sockets once --header-timeout-s has passed without complete headers."""
     import socket
 
     srv = start_server(repo, "--body-timeout-s", "0.5", "--max-connections", "16", "--header-timeout-s", "2")
@@ -566,8 +566,8 @@ def _largest_and_one_beyond(srv, name: str, rows: int) -> tuple[int, int]:
 
 @pytest.mark.timing
 def test_a_request_over_the_memory_budget_is_413_before_it_runs(published):
-    """Finding 3: the Transformer's encoder ran whatever rows x steps the limits allowed, however
-    much memory its length² attention took. Now the longest source the budget admits at 64 rows
+    """The Transformer's encoder must not run whatever rows x steps the limits allow, however much
+    memory its length² attention takes. The longest source the budget admits at 64 rows
     is answered, one step longer is 413 at once (no graph run: the server's peak RSS is unchanged),
     and so are 64 texts of 2,000 characters to the whole model (their pieces are bounded by their
     characters), while a short text is answered."""
@@ -592,10 +592,10 @@ def test_a_request_over_the_memory_budget_is_413_before_it_runs(published):
 
 
 def test_the_transformers_largest_admitted_request_fits_the_pod(published, tmp_path):
-    """Finding 3, measured: a Transformer of the committed params' shape (random weights: no trained
-    weights are on this machine) served with the pod's limit as its memory budget. The longest source
-    admitted at 64 rows runs with the server's peak RSS under the pod's 4 GiB; one step longer is 413
-    before running."""
+    """The memory budget, measured: what it admits must fit the pod. A Transformer of the committed
+    params' shape (random weights: no trained weights are on this machine) is served with the pod's
+    limit as its memory budget. The longest source admitted at 64 rows runs with the server's peak
+    RSS under the pod's 4 GiB; one step longer is 413 before running."""
     import yaml
 
     from tests.serving_repo import _publish
