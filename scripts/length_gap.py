@@ -1,6 +1,6 @@
 """BLEU by source length for several translation runs side by side, and the gap between the first
-two (an analysis, not a stage): #24's bar asks that the `bahdanau` vs `bahdanau_none` gap grow with
-sentence length, as in Bahdanau et al.'s Fig. 2.
+two (an analysis, not a stage): whether the `bahdanau` vs `bahdanau_none` gap grows with sentence
+length, as in Bahdanau et al.'s Fig. 2.
 
     python scripts/length_gap.py bahdanau bahdanau_none                       # the pipeline's runs/<name>
     python scripts/length_gap.py bahdanau=/tmp/lr/bahdanau bahdanau_none=/tmp/lr/bahdanau_none
