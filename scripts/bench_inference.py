@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,8 +200,11 @@ def benched(name: str, root: Path) -> tuple[Path, object, dict, dict, dict[int, 
     from pipeline.tasks import get_task
 
     run = resolve(name, root=root)
+    folder = latest_graphs(name, root)
+    if folder is None:
+        raise cli_errors.ScriptError(f"{name} has no exported graphs in {root}: run `attnzoo repro export@{name}`")
     model, _ = load_model(run.run_dir / "checkpoint" / "best")
-    return (latest_graphs(name, root), model,
+    return (folder, model,
             *loop_inputs(model, get_task(run.task).model_parity_batches(model, run.data_dir)))
 
 
@@ -457,4 +461,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -15,9 +15,10 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
+
+import cli_errors
 
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 
@@ -84,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {dtype} {threads} thread(s): {fig['gflops']:8.1f} GFLOP/s median, {fig['best_gflops']:8.1f} best "
                   f"({fig['calls']} products of {args.n}x{args.n})")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_errors.run(main)

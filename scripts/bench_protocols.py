@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,4 +205,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

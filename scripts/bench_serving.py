@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,9 +209,12 @@ def inprocess(repo: Path, batch: int, iters: int) -> dict[str, dict]:
 def served_path(url: str, model: str) -> str:
     """The model's default version, or (none promoted: the server answers 409 without a version)
     its newest version, named explicitly."""
-    from serving.client import Client
+    from serving.client import Client, ServerError
 
-    meta = Client(url).model_metadata(model)
+    try:
+        meta = Client(url).model_metadata(model)
+    except ServerError as err:
+        raise cli_errors.ScriptError(f"{model} at {url}: {err}") from None
     if (meta.get("parameters") or {}).get("default_version") is None:
         version = max(meta["versions"], key=int)
         print(f"{model}: no promoted version; benchmarking version {version} explicitly", flush=True)
@@ -221,18 +225,21 @@ def served_path(url: str, model: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one (the requests "
+                    "are still built from --repository's bahdanau)")
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--skip-inprocess", action="store_true")
     ap.add_argument("--client", choices=("aiohttp", "raw", "wrk"), default="aiohttp",
                     help="load generator: aiohttp; a minimal keep-alive HTTP/1.1 client; or wrk (both use less CPU)")
-    ap.add_argument("--models", default="bahdanau.encoder,bahdanau", help="comma-separated rows to run")
+    ap.add_argument("--models", default="bahdanau.encoder,bahdanau", help="comma-separated rows to run, of "
+                    "bahdanau.encoder and bahdanau")
     ap.add_argument("--rounds", type=int, default=1, help="c1 and c32 measured in turn this many times (medians)")
     ap.add_argument("--compare-args", default=None,
                     help="start a second server with these options; both are measured in turn ([A] vs [B])")
     ap.add_argument("--server-args", default="", help="extra `attnzoo serve` options, e.g. '--batch-delay-ms 1'")
     args = ap.parse_args()
+    check_arguments(args)
     configs = [("A", args.server_args)] + ([("B", args.compare_args)] if args.compare_args is not None else [])
     procs, urls = ([], {"A": args.url}) if args.url is not None else start_servers(args.repository, args.workers,
                                                                                       configs)
@@ -254,6 +261,17 @@ def main() -> None:
         for batch in (1, 32):
             for name, r in inprocess(args.repository, batch, 2000 if batch == 1 else 300).items():
                 print(f"| {name} | {batch} | {r['rows_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+
+
+def check_arguments(args) -> None:
+    """What the run needs, checked before any server starts: rows it has, and the in-process column's
+    checkpoint (the requests themselves are built from ``--repository``'s bahdanau, with --url too)."""
+    rows = ("bahdanau.encoder", "bahdanau")
+    if unknown := [m for m in args.models.split(",") if m not in rows]:
+        raise cli_errors.ScriptError(f"--models {','.join(unknown)}: the rows are {', '.join(rows)}")
+    if not args.skip_inprocess and not (ROOT / "runs" / "bahdanau" / "checkpoint" / "best").is_dir():
+        raise cli_errors.ScriptError("the in-process column needs runs/bahdanau/checkpoint/best: run "
+                                     "`attnzoo repro train@bahdanau`, or pass --skip-inprocess")
 
 
 def start_servers(repository: Path, workers: int, configs: list[tuple[str, str]]) -> tuple[list, dict[str, str]]:
@@ -319,4 +337,4 @@ def _ratios(model: str, runs: dict, urls: dict[str, str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import cli_errors
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,4 +83,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

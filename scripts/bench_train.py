@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import cli_errors
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,6 +181,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.mode:
         return child(args)
+    cli_errors.entries([args.model])
     if args.batch:
         os.environ["BENCH_BATCH"] = str(args.batch)  # children inherit it
     args.work.mkdir(parents=True, exist_ok=True)
@@ -226,4 +228,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

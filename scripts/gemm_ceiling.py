@@ -39,6 +39,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import cli_errors
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_peak  # noqa: E402
@@ -184,4 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_errors.run(main)

@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import cli_errors
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -444,6 +446,20 @@ def rates(row: dict, tokens: list[int], peak: float | None) -> dict:
             **({"mfu": round(6 * row["params"] * rate / peak, 5)} if peak else {})}
 
 
+def recount_report(path: Path) -> None:
+    """``--recount REPORT``: :func:`recount`, written back, its training line printed."""
+    from pipeline.config import UserError
+
+    if not path.is_file():
+        raise cli_errors.ScriptError(f"--recount {path}: no such report (docs/gpu_check/*.json are)")
+    try:
+        report = recount(path, ROOT)
+    except UserError as err:
+        raise SystemExit(f"gpu_check: --recount needs the Transformer's prepared data here ({err})") from None
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(train_line(report["train"]))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -469,15 +485,7 @@ def main(argv: list[str] | None = None) -> None:
                          "seconds, rewrite it and stop")
     args = ap.parse_args(argv)
     if args.recount:
-        from pipeline.config import UserError
-
-        try:
-            report = recount(args.recount, ROOT)
-        except UserError as err:
-            raise SystemExit(f"gpu_check: --recount needs the Transformer's prepared data here ({err})") from None
-        args.recount.write_text(json.dumps(report, indent=1) + "\n")
-        print(train_line(report["train"]))
-        return
+        return recount_report(args.recount)
     import onnxruntime as ort
     import torch
 
@@ -586,5 +594,6 @@ def train_line(tr: dict | None) -> str:
             f"({tr['tokens_per_s_whole_run']:,} over the whole run of {tr['seconds']} s)"
             + (f", MFU {tr['mfu']:.2%}" if "mfu" in tr else ", MFU: peak unknown"))
 
+
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

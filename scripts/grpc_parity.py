@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +87,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     args = ap.parse_args()
+    cli_errors.need_module("tritonclient.grpc", "tritonclient[grpc]")
+    if not args.repository.is_dir():
+        raise cli_errors.ScriptError(f"--repository {args.repository}: no such folder; publish first "
+                                     "(`attnzoo repro publish@NAME`)")
     port, grpc_port = _ports()
     proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--repository", str(args.repository), "--port",
                              str(port), "--grpc-port", str(grpc_port)], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -103,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

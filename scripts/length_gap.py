@@ -9,8 +9,9 @@ length, as in Bahdanau et al.'s Fig. 2.
     python scripts/length_gap.py bahdanau bahdanau_none --sample all --no-repeat-ngram 3 --bootstrap 1000 --jobs 2
 
 Each run's ``checkpoint/best`` decodes with its entry's beam width through ``serving.decode.beam_search``, as
-``evaluate@`` does (which for the bahdanau entries also means ``--no-repeat-ngram 3``, their ``evaluate:`` block),
-over ``--sample long`` (default: every test sentence of 21+ words and every fourth of the rest, 880 of the 2,501: the
+``evaluate@`` does; its other decoding settings are flags here, off by default (the bahdanau entries' ``evaluate:``
+block blocks repeated 3-grams: pass ``--no-repeat-ngram 3`` to decode as ``evaluate@`` does), over
+``--sample long`` (default: every test sentence of 21+ words and every fourth of the rest, 880 of the 2,501: the
 long buckets whole at about a third of the cost) or ``all``.
 Per length bucket it prints BLEU (sacrebleu), the brevity penalty, and the share of outputs that
 repeat a word 3-gram (looping). ``--coverage BETA...`` re-ranks each beam's n-best list with GNMT's
@@ -28,6 +29,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
 
     runs = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1]) if "=" in spec else ROOT / "runs" / spec)
             for spec in args.runs]
+    cli_errors.entries([name for name, _ in runs])
     for name, run_dir in runs:
         if not (run_dir / "checkpoint" / "best").is_dir():
             sys.exit(f"error: no checkpoint in {run_dir}/checkpoint/best; "
@@ -243,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
               f"95 % interval {slope['interval95'][0]:+.3f} to {slope['interval95'][1]:+.3f}, > 0 in "
               f"{slope['share_above_0']:.1%}")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"runs": {n: str(d) for n, d in runs}, "sample": args.sample,
                                         "length_penalty": args.length_penalty,
                                         "no_repeat_ngram": args.no_repeat_ngram, "buckets": results,
@@ -251,4 +255,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

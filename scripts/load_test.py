@@ -38,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -431,7 +432,10 @@ def run_load(url: str, clients: int = 64, seconds: float = 60.0, max_requests: i
     cpu = time.process_time()
     raw = asyncio.run(_load(url, pool, clients, seconds, max_requests, seed, seconds + grace_s, pid, sample_s))
     cpu = time.process_time() - cpu  # the load generator's own CPU time (it shares the machine with the server)
-    status, live = _get_json(f"{url}/v2/health/live")
+    try:
+        status, live = _get_json(f"{url}/v2/health/live")
+    except OSError:  # gone: reported as not live after the load
+        status, live = 0, {}
     live_after = status == 200 and live.get("live") is True
     time.sleep(1.0)  # let the server drop what the last requests held
     rss_after = _rss_mib(pid)
@@ -555,6 +559,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def parse_models(text: str) -> dict[str, str]:
+    """``--models``: kind=model,... with kinds of KIND_CANDIDATES, or one sentence saying the form."""
+    items = [item.split("=", 1) for item in text.split(",")]
+    if any(len(item) != 2 or item[0] not in KIND_CANDIDATES for item in items):
+        raise cli_errors.ScriptError(f"--models {text!r}: give kind=model,... with kinds {', '.join(KIND_CANDIDATES)}")
+    return dict(items)
+
+
+def reachable(url: str) -> None:
+    """``--url``: a server answers there, or one sentence saying none does."""
+    try:
+        _get_json(f"{url}/v2/health/live", timeout=10)
+    except OSError as err:
+        why = getattr(err, "reason", err)
+        raise cli_errors.ScriptError(f"no server answers at {url} ({why}): start one (`attnzoo serve`), "
+                                     "or pass --repository DIR for this script to start it") from None
+
+
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -588,7 +610,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rss-growth-mib", type=float, default=256.0, help="largest RSS growth accepted (after - before)")
     ap.add_argument("--json", type=Path, default=None, help="also write the JSON summary here")
     args = ap.parse_args(argv)
-    models = dict(item.split("=", 1) for item in args.models.split(",")) if args.models else None
+    models = parse_models(args.models) if args.models else None
+    if args.repository is not None or args.pid is not None:  # the server's RSS, read with psutil
+        cli_errors.need_module("psutil")
+    if args.url:
+        reachable(args.url)
 
     proc, log_file, url, pid = None, None, args.url, args.pid
     server_cmd = None
@@ -636,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(json.dumps(summary, indent=2))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     if summary["failures"]:
         print("\nFAILED:\n  " + "\n  ".join(summary["failures"]), file=sys.stderr)
@@ -645,4 +672,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_errors.run(main)

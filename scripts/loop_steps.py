@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import cli_errors
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -60,10 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")
     args = ap.parse_args(argv)
-    for name in args.models:
+    for name in cli_errors.entries(args.models):
         for kind, calls in step_calls(name).items():
             print(f"{name} {kind}: decoder-step calls per batch-1 case {calls}, {sum(calls)} in all")
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+import cli_errors
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -616,4 +617,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli_errors.run(main)

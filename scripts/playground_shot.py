@@ -23,6 +23,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import cli_errors
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1600",
                "--force-device-scale-factor=1", "--hide-scrollbars", "--no-first-run", "--disable-default-apps",
@@ -109,6 +111,18 @@ def shoot(repository: Path, model: str, example: dict, out: Path) -> None:
             driver.quit()
 
 
+def read_example(path: Path) -> dict:
+    """``--input``: examples/table_qa.json's request, or the first line of a text file."""
+    if not path.is_file():
+        raise cli_errors.ScriptError(f"--input {path}: no such file")
+    text = path.read_text()
+    example = json.loads(text) if path.suffix == ".json" else {"text": (text.splitlines() or [""])[0]}
+    if "question" not in example and "text" not in example:
+        raise cli_errors.ScriptError(f"--input {path}: the page is filled from examples/table_qa.json or a text "
+                                     "file of one sentence, not this example")
+    return example
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Screenshot the playground page answering one model.")
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
@@ -117,11 +131,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="examples/table_qa.json, or a text file of one sentence for a translation model")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    text = args.input.read_text()
-    example = json.loads(text) if args.input.suffix == ".json" else {"text": text.splitlines()[0]}
+    example = read_example(args.input)
+    cli_errors.need_module("selenium")
+    if not (args.repository / args.model).is_dir():
+        raise cli_errors.ScriptError(f"{args.repository / args.model}: {args.model} is not published there; run "
+                                     f"`attnzoo repro publish@{args.model}` or pass --repository DIR")
     shoot(args.repository, args.model, example, args.out)
     print(f"{args.out}: the {args.model} panel")
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+import cli_errors
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,15 +55,27 @@ def headline_of(name: str) -> str:
 GLANCE_METRIC = {"translation_de_en": "bleu_beam"}
 
 
+def run_file(root: Path, name: str, file: str) -> dict:
+    """runs/<name>/<file>, or one sentence naming the stage that writes it."""
+    path = root / "runs" / name / file
+    if not path.exists():
+        stage = "evaluate" if file == "metrics.json" else "train"
+        raise cli_errors.ScriptError(f"runs/{name}/{file} is missing: run `attnzoo repro {stage}@{name}` first")
+    return json.loads(path.read_text())
+
+
 def glance(root: Path = ROOT) -> str:
     """One row per family: its task(s), the metric, each entry's measured value (✓: bar met)."""
     entries = yaml.safe_load((root / "params.yaml").read_text())["models"]
     fams: dict[str, list[tuple[str, str, str]]] = {}
     tasks: dict[str, list[str]] = {}
     for name, entry in entries.items():
-        metrics = json.loads((root / "runs" / name / "metrics.json").read_text())
+        metrics = run_file(root, name, "metrics.json")
         conditions = (metrics.get("bar") or {}).get("conditions") or []
         key = GLANCE_METRIC.get(entry["task"]) or (conditions[0]["metric"] if conditions else headline_of(name))
+        if key not in metrics:
+            raise cli_errors.ScriptError(f"runs/{name}/metrics.json has no {key}: run `attnzoo repro evaluate@{name}` "
+                                         "again")
         mark = " ✓" if conditions and metrics["bar"]["passed"] else (" ✗" if conditions else " (ablation)")
         family = family_of(entry["arch"])
         fams.setdefault(family, []).append((name, key, f"{_num(metrics[key])}{mark}"))
@@ -96,10 +109,9 @@ def rows(root: Path = ROOT) -> tuple[list[list[str]], dict]:
         fam = by_family.setdefault(family_of(entry["arch"]), {"entries": [], "eval": 0.0,
                                                           **{c: [0.0, 0] for c in classes}})
         fam["entries"].append(name)
-        runs = root / "runs" / name
-        fam["eval"] += json.loads((runs / "metrics.json").read_text()).get("eval_seconds", 0.0)
+        fam["eval"] += run_file(root, name, "metrics.json").get("eval_seconds", 0.0)
         own = committed_class.get(name, "native_bf16")
-        measured = {own: json.loads((runs / "train_summary.json").read_text())["train_seconds"]}
+        measured = {own: run_file(root, name, "train_summary.json")["train_seconds"]}
         measured.update({c: t[name] for c, t in facts.get("other", {}).items() if name in t})
         for cls, seconds in measured.items():
             fam[cls][0] += seconds
@@ -165,4 +177,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

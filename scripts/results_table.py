@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+import cli_errors
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,4 +158,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

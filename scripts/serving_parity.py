@@ -5,7 +5,8 @@
 Starts `attnzoo serve` on model_repository/, sends raw German test sentences (the server tokenizes)
 NTM sequences (copy, associative recall) and caption canvases, and compares with the checkpoints in runs/ run by
 PyTorch: greedy (`model.predict`) and beam search translations, NTM bits and logits, greedy
-captions and their attention. Models not in model_repository/ are skipped. Exits 1 on any difference, except
+captions and their attention. Models not in model_repository/ are skipped (named with --models, they are an
+error, as is none published at all). Exits 1 on any difference, except
 a beam search that parted from PyTorch's at a near-tie (its cut within the entry's parity atol).
 """
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_errors
 import numpy as np
 import torch
 
@@ -157,12 +159,37 @@ def captions(client: Client, name: str, n: int) -> bool:
     return same == len(items)
 
 
+TRANSLATORS = ["bahdanau", "bahdanau_none", "luong_dot", "luong_general", "luong_concat", "luong_local_p",
+               "transformer"]
+CHECKED = [*TRANSLATORS, "ntm", "ntm_recall", "sat_soft", "sat_hard"]
+
+
+def chosen(models: list[str] | None) -> list[str]:
+    """The models to check: ``--models`` (each one this script checks, and published), else every published
+    one it checks; none at all is an error, not a pass."""
+    published = [n for n in CHECKED if (ROOT / "model_repository" / n).is_dir()]
+    if models:
+        if unknown := [m for m in models if m not in CHECKED]:
+            raise cli_errors.ScriptError(f"--models {' '.join(unknown)}: this script checks {', '.join(CHECKED)}")
+        if missing := [m for m in models if m not in published]:
+            raise cli_errors.ScriptError(f"not in model_repository/: {', '.join(missing)}; publish them first "
+                                         f"(`attnzoo repro publish@{missing[0]}`)")
+        return models
+    for name in CHECKED:
+        if name not in published:
+            print(f"{name}: skipped (not in model_repository/)")
+    if not published:
+        raise cli_errors.ScriptError(f"none of {', '.join(CHECKED)} is in model_repository/: publish one first")
+    return published
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=200)
     ap.add_argument("--canvases", type=int, default=2000)
     ap.add_argument("--models", nargs="+", help="check only these (default: every published one it knows)")
     args = ap.parse_args()
+    names = chosen(args.models)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -172,21 +199,14 @@ def main() -> None:
     try:
         if not client.wait_ready(30, alive=lambda: proc.poll() is None):
             raise SystemExit("error: the server did not become ready in 30 s")
-        translators = ["bahdanau", "bahdanau_none", "luong_dot", "luong_general", "luong_concat",
-                       "luong_local_p", "transformer"]
-        checks = {**{name: (lambda name=name: translation(client, name, args.sentences)) for name in translators},
+        checks = {**{name: (lambda name=name: translation(client, name, args.sentences)) for name in TRANSLATORS},
                   "ntm": lambda: ntm(client, "ntm", ("test_20", "test_40"), 32),
                   "ntm_recall": lambda: ntm(client, "ntm_recall", ("test_3", "test_6", "test_10"), 64),
                   "sat_soft": lambda: captions(client, "sat_soft", args.canvases),
                   "sat_hard": lambda: captions(client, "sat_hard", args.canvases)}
         ok = True
-        for name, check in checks.items():
-            if args.models and name not in args.models:
-                continue
-            if not (ROOT / "model_repository" / name).is_dir():
-                print(f"{name}: skipped (not in model_repository/)")
-                continue
-            ok &= check()
+        for name in names:
+            ok &= checks[name]()
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -194,4 +214,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import cli_errors
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -549,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.config import load_params
 
+    _check_arguments(args)
     if args.baseline_code:
         os.environ["BASELINE_CODE"] = str(args.baseline_code.resolve())
     if not args.peak.exists():
@@ -584,6 +586,28 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"projected zoo training time: {result['projected']}")
     return 0
+
+
+def _check_arguments(args) -> None:
+    """The mistakes found before anything is prepared or measured, each in one sentence."""
+    if args.entries:
+        cli_errors.entries(args.entries)
+    if args.baseline_code and not (args.baseline_code / "params.yaml").exists():
+        raise cli_errors.ScriptError(f"--baseline-code {args.baseline_code} is not a checkout (no params.yaml); "
+                                     "make one with `git worktree add DIR COMMIT`")
+    if args.learn_steps and not args.entries:  # before every task is prepared for nothing
+        raise cli_errors.ScriptError("--learn-steps updates the entries it is given: add --entries NAME ...")
+    if args.budget_run:
+        kept = json.loads(args.out.read_text())["entries"] if args.out.exists() else {}
+        names = args.entries or list(kept)
+        if missing := [n for n in names if n not in kept]:
+            raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {args.out}; measure first with "
+                                         f"--entries {' '.join(missing)}")
+        runs = [args.budget_run / "runs" / n / f for n in names if "max_steps" in fast_settings(n)
+                for f in ("train_summary.json", "metrics.json")]
+        if missing := [str(r) for r in runs if not r.exists()]:
+            raise cli_errors.ScriptError(f"--budget-run {args.budget_run} lacks {', '.join(missing)}: train and "
+                                         "evaluate there first (`attnzoo repro evaluate@NAME`)")
 
 
 def _learning_only(args, names: list[str], old: dict) -> int:
@@ -633,4 +657,4 @@ def _without_budget(settings: dict) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_errors.run(main)

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_errors
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "peers"))
@@ -55,7 +57,8 @@ def train(work: Path, label: str, steps: int, eval_every: int) -> Path:
         cmd = [sys.executable, "-m", "pipeline.runner.cli", "train", MODEL, "--out", str(out),
                "--set", *[f"{k}={v}" for k, v in sets.items()]]
         print(f"[{label}] {' '.join(cmd[2:])}", flush=True)
-        subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+        if subprocess.run(cmd, cwd=ROOT, env=env).returncode:  # its own error is printed above
+            raise cli_errors.ScriptError(f"[{label}] training stopped (its output above); {out} keeps what it saved")
     return out
 
 
@@ -77,13 +80,13 @@ def measure(run: Path, scores: Path, beam: int) -> dict:
 
 
 def table(rows: dict, base: dict | None = None) -> str:
-    """The comparison as docs/results.md prints it: each variant against the recipe's row. ``base``: how
+    """The comparison as docs/results.md prints it: each variant against the recipe's row (when measured). ``base``: how
     the recipe then differed from params.yaml's (a comparison measured before the recipe changed)."""
-    first = rows["recipe"]
+    first = rows.get("recipe")  # none: the variants alone (``--only`` without it), no Δ
     lines = ["| variant | val loss | token accuracy | val BLEU beam | Δ BLEU | chrF | training |",
              "|---|---|---|---|---|---|---|"]
     for label, r in rows.items():
-        delta = "—" if label == "recipe" else f"{r['bleu'] - first['bleu']:+.2f}"
+        delta = "—" if label == "recipe" or first is None else f"{r['bleu'] - first['bleu']:+.2f}"
         if label == "recipe" and base:
             label = "recipe with " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in base.items())
         m, s = divmod(round(r["train_seconds"]), 60)
@@ -113,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--recipe-run", type=Path, help="a finished run of the unchanged recipe at --steps")
     ap.add_argument("--json", type=Path, help="keep the comparison in this file")
     args = ap.parse_args(argv)
+    if args.recipe_run and not (args.recipe_run / "train_summary.json").exists():
+        raise cli_errors.ScriptError(f"--recipe-run {args.recipe_run} holds no train_summary.json: give a finished "
+                                     "run (attnzoo train transformer --out DIR)")
+    if args.json and args.only and "recipe" not in args.only:
+        raise cli_errors.ScriptError("--json keeps a comparison against the recipe's row: add recipe to --only")
     args.work.mkdir(parents=True, exist_ok=True)
     rows = {}
     for label in args.only or list(VARIANTS):
@@ -123,9 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         rows[label] = measure(run, folder(args.work, label) / "valid_bleu.json", args.beam)
     if args.json:
         keep(args.json, args.steps, args.beam, rows)
-    if "recipe" in rows:
-        print(table(rows))
+    print(table(rows))
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -5,7 +5,7 @@ kinds with oversized, malformed and over-limit ones."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 import threading
 
 import pytest
@@ -14,15 +14,15 @@ from tests.conftest import ROOT
 from tests.test_serving_production import start_server
 
 pytestmark = pytest.mark.integration  # starts servers or processes
+sys.path.insert(0, str(ROOT / "scripts"))  # load_test, imported where used
 
 RSS_GROWTH_MIB = 200  # the server's RSS after the load may be at most this much above its RSS before
 
 
 def _load_test_module():
-    spec = importlib.util.spec_from_file_location("load_test", ROOT / "scripts" / "load_test.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import load_test  # scripts/ (on sys.path above)
+
+    return load_test
 
 
 def test_mixed_load_with_bad_requests_never_gets_500_and_the_server_survives(published):
