@@ -78,15 +78,18 @@ def test_batch_groups_are_the_single_cases_and_the_largest_case_tiled_to_32_rows
 
 
 @pytest.mark.integration
-def test_bench_apart_names_the_model_whose_process_failed(checkout):
+def test_bench_apart_names_the_model_whose_process_failed(checkout, capfd):
+    """The child names what is wrong in one line (exit 2, scripts/cli_errors.py); the parent names the model."""
     weights = checkout / "runs" / "act_parity" / "checkpoint" / "best" / "model.safetensors"
     kept = weights.read_bytes()
     try:
         weights.write_bytes(b"not a safetensors file")
-        with pytest.raises(SystemExit, match=r"^error: act_parity: its benchmark process exited with 1 "):
+        with pytest.raises(SystemExit, match=r"^error: act_parity: its benchmark process exited with 2 "):
             bench_inference.bench_apart("act_parity", checkout, [1], 1)
     finally:
         weights.write_bytes(kept)
+    err = capfd.readouterr().err
+    assert f"error: checkpoint {weights.parent} is corrupt (" in err and "Traceback" not in err, err
 
 
 def test_timed_warms_each_engine_up_for_the_settle_time_before_timing_it(monkeypatch):
