@@ -564,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
     if args.learn_steps:
         return _learning_only(args, names, old)
+    curves = [baseline_run(n) / "learning_curves" / "val_loss.csv" for n in names]
+    if untrained := [str(c.parent.parent) for c in curves if not c.exists()]:  # read after the measuring
+        raise cli_errors.ScriptError(f"the baseline's runs are not there: {', '.join(untrained)}; train them in "
+                                     "that checkout first (`attnzoo repro train@NAME`)")
     entries = {}
     for name in names:
         entries[name] = entry_figures(args.work, name, args.repeats, peak)

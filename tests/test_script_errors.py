@@ -18,14 +18,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import cli_errors  # noqa: E402
 
 
-def one_line_error(capsys, main, *args) -> str:
-    """What ``cli_errors.run`` prints for ``main(*args)``, asserting it is one ``error:`` line and exit 2."""
+def one_line_error(capsys, main, *args, progress: str = "") -> str:
+    """What ``cli_errors.run`` prints for ``main(*args)``, asserting it is one ``error:`` line (after the
+    ``progress`` lines starting so, if any) and exit 2."""
     with pytest.raises(SystemExit) as stop:
         cli_errors.run(lambda: main(*args))
     assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err[len("error: "):].strip()
+    *before, last = capsys.readouterr().err.splitlines() or [""]
+    assert last.startswith("error: ") and all(progress and line.startswith(progress) for line in before), before
+    return last[len("error: "):]
 
 
 def with_argv(monkeypatch, module, *argv):
@@ -90,6 +91,14 @@ def test_train_efficiency_refuses_arguments_that_cannot_work_before_preparing_an
                                                           "--out", str(out)]) == \
         f"ntm_recall: not in {out}; measure first with --entries ntm_recall"
     assert not (tmp_path / "data").exists()
+    base = tmp_path / "base"  # a checkout whose ntm was never trained
+    base.mkdir()
+    (base / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    assert one_line_error(capsys, train_efficiency.main, ["--baseline-code", str(base), "--entries", "ntm", "--work",
+                                                          str(tmp_path / "work"), "--out", str(out)],
+                          progress="preparing copy (small)") == \
+        f"the baseline's runs are not there: {base / 'runs' / 'ntm'}; train them in that checkout first " \
+        "(`attnzoo repro train@NAME`)"
 
 
 def test_a_server_script_names_the_url_nobody_answers_on_and_its_option_forms(capsys, monkeypatch):
