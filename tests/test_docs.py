@@ -169,6 +169,57 @@ def test_docs_read_as_reference_not_as_a_work_log():
     assert not offenders, f"{len(offenders)} line(s) read as a work log:\n" + "\n".join(offenders)
 
 
+# The same for the code's remarks: a comment or docstring says why, in the present; a ticket's number
+# (#24) or a review's "Finding 3" names a list its reader cannot see. This file holds the checks' own
+# examples, and generated protobuf modules are left out.
+_FINDING = re.compile(r"\b[Ff]inding \d+\b")
+CODE_FOLDERS = ("models", "pipeline", "serving", "scripts", "tests", "deploy")
+
+
+def code_remarks(text: str) -> list[tuple[int, str]]:
+    """``[(line number, text)]`` of each comment and each docstring line of one Python source."""
+    import ast
+    import io
+    import tokenize
+
+    found = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+             if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if (doc := ast.get_docstring(node, clean=False)) is not None:
+                found += [(node.body[0].lineno + i, line) for i, line in enumerate(doc.splitlines())]
+    return sorted(found)
+
+
+def cited_lists(line: str) -> list[str]:
+    issues = [m.group(0) for m in _ISSUE.finditer(_LINK_OR_URL.sub(" ", line)) if not _COLOUR.fullmatch(m.group(0))]
+    return issues + _FINDING.findall(line)
+
+
+def test_code_remarks_are_told_from_code_and_data():
+    source = '''"""Module: see #24."""
+PATTERN = "[-+ #0]*"  # a colour #336699 is fine; Finding 3 is not
+def f():
+    """Finding 2: the old way.
+
+    More, #7 here."""
+    return "#5"
+'''
+    remarks = code_remarks(source)
+    assert [(n, cited_lists(text)) for n, text in remarks if cited_lists(text)] == [
+        (1, ["#24"]), (2, ["Finding 3"]), (4, ["Finding 2"]), (6, ["#7"])]
+
+
+def test_code_remarks_cite_no_issue_or_review_finding():
+    sources = {path: path.read_text() for folder in CODE_FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
+               if path.name != "test_docs.py" and not path.name.endswith("_pb2.py")}
+    # parse only the files that could cite one
+    suspects = {path: text for path, text in sources.items() if re.search(r"#\d|[Ff]inding \d", text)}
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {cited}" for path, text in suspects.items()
+                 for number, line in code_remarks(text) for cited in cited_lists(line)]
+    assert not offenders, "remarks that cite a list the reader cannot see (say why instead):\n" + "\n".join(offenders)
+
+
 @pytest.mark.integration
 def test_results_table_is_generated_from_the_committed_metrics():
     # docs/results.md's table of every entry is scripts/results_table.py's output for the
