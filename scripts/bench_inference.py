@@ -436,9 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     import yaml
 
     entries = list(yaml.safe_load((args.root / "params.yaml").read_text())["models"])
-    unknown = sorted(set(args.models) - set(entries))
-    if unknown:
-        raise SystemExit(f"error: not params.yaml entries: {', '.join(unknown)}")
+    cli_errors.entries(args.models, args.root)
     if args.row_json:  # one model's row, for bench_apart
         (name,) = args.models
         args.row_json.write_text(json.dumps(bench_model(name, args.root, args.threads, args.repeats)))

@@ -46,11 +46,11 @@ def run(main: Callable[[], Any]) -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
-def entries(names: list[str]) -> list[str]:
-    """``names``, each a params.yaml model entry, or one sentence naming those that are not."""
+def entries(names: list[str], root: Path = ROOT) -> list[str]:
+    """``names``, each a model entry of ``root``'s params.yaml, or one sentence naming those that are not."""
     import yaml
 
-    known = yaml.safe_load((ROOT / "params.yaml").read_text())["models"]
+    known = yaml.safe_load((root / "params.yaml").read_text())["models"]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ScriptError(f"not params.yaml entries: {', '.join(unknown)} (`attnzoo list` shows them)")

@@ -601,17 +601,6 @@ def _check_arguments(args) -> None:
                                      "make one with `git worktree add DIR COMMIT`")
     if args.learn_steps and not args.entries:  # before every task is prepared for nothing
         raise cli_errors.ScriptError("--learn-steps updates the entries it is given: add --entries NAME ...")
-    if args.budget_run:
-        kept = json.loads(args.out.read_text())["entries"] if args.out.exists() else {}
-        names = args.entries or list(kept)
-        if missing := [n for n in names if n not in kept]:
-            raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {args.out}; measure first with "
-                                         f"--entries {' '.join(missing)}")
-        runs = [args.budget_run / "runs" / n / f for n in names if "max_steps" in fast_settings(n)
-                for f in ("train_summary.json", "metrics.json")]
-        if missing := [str(r) for r in runs if not r.exists()]:
-            raise cli_errors.ScriptError(f"--budget-run {args.budget_run} lacks {', '.join(missing)}: train and "
-                                         "evaluate there first (`attnzoo repro evaluate@NAME`)")
 
 
 def _learning_only(args, names: list[str], old: dict) -> int:
@@ -635,10 +624,19 @@ def _budget_runs_only(args, names: list[str]) -> int:
     """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``.
     A budget changed in params.yaml since the speed run is taken as it is: ``max_steps`` leaves the step
     time alone, so the entry's steps, ratio and the projection follow it; any other change needs a speed run."""
-    kept = json.loads(args.out.read_text())
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {"entries": {}}
+    if missing := [n for n in names if n not in kept["entries"]]:
+        raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {args.out}; measure first with "
+                                     f"--entries {' '.join(missing)}")
+    settings = {name: fast_settings(name) for name in names}
+    runs = [args.budget_run / "runs" / n / f for n, now in settings.items() if "max_steps" in now
+            for f in ("train_summary.json", "metrics.json")]
+    if missing := [str(r) for r in runs if not r.exists()]:  # before any entry is recounted
+        raise cli_errors.ScriptError(f"--budget-run {args.budget_run} lacks {', '.join(missing)}: train and "
+                                     "evaluate there first (`attnzoo repro evaluate@NAME`)")
     for name in names:
         entry = kept["entries"][name]
-        now = fast_settings(name)
+        now = settings[name]
         if _without_budget(now) != _without_budget(entry["fast_settings"]):
             raise SystemExit(f"train_efficiency: {name}'s settings in params.yaml differ from those measured by "
                              f"more than max_steps; measure it again with --entries {name}")

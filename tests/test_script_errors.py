@@ -66,6 +66,7 @@ def test_every_script_ends_through_cli_errors():
 
 
 def test_an_unknown_entry_is_named_with_where_to_find_the_entries(capsys, monkeypatch):
+    import bench_inference
     import bench_train
     import length_gap
     import loop_steps
@@ -75,6 +76,7 @@ def test_an_unknown_entry_is_named_with_where_to_find_the_entries(capsys, monkey
     assert one_line_error(capsys, with_argv(monkeypatch, bench_train, "--model", "nosuch")) == want
     assert one_line_error(capsys, train_efficiency.main, ["--entries", "ntm", "nosuch"]) == want
     assert one_line_error(capsys, loop_steps.main, ["nosuch"]) == want
+    assert one_line_error(capsys, bench_inference.main, ["act_parity", "nosuch"]) == want
     assert one_line_error(capsys, with_argv(monkeypatch, length_gap, "bahdanau", "nosuch")) == want
 
 
