@@ -3,11 +3,11 @@ prepared task, a checkpoint and its ONNX graphs, as `attnzoo repro export@<model
 
 from __future__ import annotations
 
-import sys
 import time
 from itertools import groupby
 from pathlib import Path
 
+import bench_inference
 import numpy as np
 import pytest
 import torch
@@ -18,9 +18,6 @@ from pipeline.config import load_params, resolve
 from pipeline.stages.export import export_onnx
 from pipeline.stages.prepare import prepare
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_inference  # noqa: E402
 
 
 @pytest.fixture(scope="module")

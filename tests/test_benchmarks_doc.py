@@ -8,18 +8,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 
+import bench_inference
+import decode_bench
+import gpu_check
 import pytest
+import train_efficiency
 
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "scripts" / "peers"))
-import bench_inference  # noqa: E402
-import decode_bench  # noqa: E402
-import gpu_check  # noqa: E402
-import train_efficiency  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 GPU_DOC = ROOT / "docs" / "gpu.md"

@@ -241,7 +241,6 @@ def test_results_table_is_generated_from_the_committed_metrics():
 
 def _inference_rows(n: int) -> tuple[object, dict, list[dict]]:
     """scripts/bench_inference.py, the committed docs/bench_inference.json and its first ``n`` rows as measured."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench_inference
 
     kept = json.loads((ROOT / "docs" / "bench_inference.json").read_text())

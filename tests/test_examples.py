@@ -12,6 +12,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+import make_examples
 import numpy as np
 import pytest
 import torch
@@ -19,9 +20,6 @@ import torch
 import models
 from pipeline.config import load_params
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_examples  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 

@@ -9,12 +9,10 @@ import json
 import subprocess
 import sys
 
+import gpu_check
 import pytest
 
 from tests.conftest import ROOT, Planted, copy_repo, venv_env
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_check  # noqa: E402
 
 
 @pytest.mark.integration

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
+import length_gap
 import sacrebleu
-
-from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import length_gap  # noqa: E402
 
 SHORT = ["the file is saved now", "press the key to quit", "open the menu again", "close all open windows"]
 LONG = [" ".join(f"word{j} of sentence {k} in the long bucket" for j in range(4)) for k in range(4)]  # 32 words

@@ -5,22 +5,19 @@ kinds with oversized, malformed and over-limit ones."""
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.test_serving_production import start_server
 
 pytestmark = pytest.mark.integration  # starts servers or processes
-sys.path.insert(0, str(ROOT / "scripts"))  # load_test, imported where used
 
 RSS_GROWTH_MIB = 200  # the server's RSS after the load may be at most this much above its RSS before
 
 
 def _load_test_module():
-    import load_test  # scripts/ (on sys.path above)
+    import load_test  # scripts/ (on sys.path: pyproject.toml `pythonpath`)
 
     return load_test
 

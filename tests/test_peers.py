@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
+import export_data
+import peers
 import pytest
 import yaml
 
 from pipeline.tasks.translation_de_en import EOS, TranslationTask
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts" / "peers"))
-
-import export_data  # noqa: E402
-import peers  # noqa: E402
 
 
 def test_a_peer_gets_the_same_pieces_split_and_vocabulary(smoke_translation, tmp_path):
@@ -85,7 +82,6 @@ def test_the_opennmt_checkpoint_within_the_budget(tmp_path):
 
 
 def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
     import transformer_recipe
 
     path = tmp_path / "recipe.json"

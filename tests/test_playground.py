@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import urllib.error
 import urllib.request
 import wave
@@ -26,15 +25,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import playground_shot
 import pytest
 from PIL import Image
 
 from models.neural_programmer import OPERATIONS
 from tests.conftest import ROOT, tiny_batch
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import playground_shot  # noqa: E402  (scripts/ is not a package)
-
 from tests.test_serving_production import start_server, stop
 
 pytestmark = pytest.mark.integration  # starts servers or processes

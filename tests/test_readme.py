@@ -207,7 +207,6 @@ def test_the_readme_serve_line_lists_the_servers_providers():
 def test_a_new_architecture_without_a_readme_family_is_one_sentence(capsys):
     """docs/adding-a-model.md: the generated model table needs a new architecture's row in FAMILY, and a new
     entry without a bar its headline metric in HEADLINE."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import readme_tables
 
     assert readme_tables.family_of("luong") == readme_tables.family_of("transformer")  # one row, two archs

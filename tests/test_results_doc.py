@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -269,7 +268,6 @@ def test_expressions_read_other_entries_and_files():
 def test_the_transformer_recipe_tables_are_the_committed_comparisons():
     """Each table under "The Transformer's recipe" after the first is ``scripts/transformer_recipe.py``'s
     rendering of one budget of the committed ``docs/transformer_recipe.json``, named with its steps."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     from transformer_recipe import VARIANTS, table
 
     kept = json.loads((ROOT / "docs" / "transformer_recipe.json").read_text())

@@ -9,13 +9,11 @@ import json
 import subprocess
 import sys
 
+import cli_errors
 import pytest
 
 from tests.conftest import ROOT
 from tests.ports import free_port
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import cli_errors  # noqa: E402
 
 
 def one_line_error(capsys, main, *args, progress: str = "") -> str:

@@ -31,8 +31,6 @@ from tests.ports import free_port, wait_serving
 from tests.serving_repo import ENGLISH, GERMAN, TEXTS  # noqa: E402,F401  (the repository: tests/conftest.py `published`)
 from tests.test_deploy import triton_config
 
-sys.path.insert(0, str(ROOT / "scripts"))  # bench_serving, imported where used
-
 pytestmark = pytest.mark.integration  # starts servers or processes
 
 
@@ -395,7 +393,7 @@ def test_benchmark_raw_load_generator_counts_every_answer(server):
     once by the server, and an error status counted as an error."""
     import asyncio
 
-    import bench_serving as bench  # scripts/ (on sys.path above)
+    import bench_serving as bench  # scripts/ (on sys.path: pyproject.toml `pythonpath`)
     x = np.random.default_rng(7).integers(-1, 2, (1, TINY["act"]["input_size"])).astype(np.float32)
     good = json.dumps({"inputs": [{"name": "x", "shape": [1, x.shape[1]], "datatype": "FP32",
                                    "data": x.reshape(-1).tolist()}]}).encode()
@@ -411,7 +409,7 @@ def test_benchmark_raw_load_generator_counts_every_answer(server):
 def test_benchmark_builds_its_requests_from_the_version_the_server_answers(tmp_path):
     """scripts/bench_serving.py reads the tokenizer and graphs of the default version (promoted, else parity and
     bar passed), not of the newest folder; with none of those, the newest (which it then names in the URL)."""
-    import bench_serving as bench  # scripts/ (on sys.path above)
+    import bench_serving as bench  # scripts/ (on sys.path: pyproject.toml `pythonpath`)
     metas = {1: {"production": True}, 2: {"production": False}, 3: {"parity_passed": False}}
     for version, meta in metas.items():
         (tmp_path / "m" / str(version)).mkdir(parents=True)

@@ -265,15 +265,9 @@ def test_the_gemm_ceiling_counts_each_computed_product_once_and_times_it_in_its_
     """scripts/gemm_ceiling.py: under bf16 autocast a product is recorded as called and again on its cast
     operands; summed over the computed ones, the FLOPs are the flop counter's, and a product is timed alone
     with its recorded layout (a transposed operand, a broadcast one of stride 0)."""
-    import sys
-
+    import gemm_ceiling
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.flop_counter import FlopCounterMode
-
-    from tests.conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gemm_ceiling
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Tanh(), torch.nn.Linear(40, 8))
