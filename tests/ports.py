@@ -60,6 +60,13 @@ def listening_addresses(port: int) -> list[str]:
     return [fields[1].rsplit(":", 1)[0] for fields in _listening_rows(port) or []]
 
 
+def assert_loopback_only(port: int) -> None:
+    """Something listens on ``port``, and only on 127.0.0.1: a test's server is never reachable from outside
+    the machine."""
+    addresses = listening_addresses(port)
+    assert addresses and set(addresses) <= LOOPBACK, f"port {port} must be listened on at 127.0.0.1 only: {addresses}"
+
+
 def proc_stats() -> dict[int, list[str]]:
     """Every process's /proc/PID/stat fields after "(comm)": [state, ppid, pgrp, session, ...] (Linux; elsewhere
     none)."""

@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from serving.client import Client
 from tests import pod_security
 from tests.conftest import ROOT, stop_process
-from tests.ports import LOOPBACK, free_port, listening_addresses, wait_serving
+from tests.ports import assert_loopback_only, free_port, wait_serving
 
 pytestmark = pytest.mark.integration  # starts servers or processes
 
@@ -509,8 +509,7 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         if not wait_serving(proc, port, Client(base, timeout=5).ready, 60):
             raise AssertionError("the server never became ready" + (
                 f"; it exited:\n{proc.stdout.read()}" if proc.poll() is not None else ""))
-        addresses = listening_addresses(port)
-        assert addresses and set(addresses) <= LOOPBACK, addresses
+        assert_loopback_only(port)
         # Docker's HEALTHCHECK command as written, on this port, in the same image-like environment.
         (health,) = instruction("HEALTHCHECK")
         check = exec_form(health.split("CMD", 1)[1].strip())
@@ -535,8 +534,7 @@ def test_server_starts_as_deployed_with_only_the_serve_extra_and_answers_the_pro
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
             assert ready(b"", timeout=10) == b"\x08\x01"
-        addresses = listening_addresses(grpc_port)
-        assert addresses and set(addresses) <= LOOPBACK, addresses
+        assert_loopback_only(grpc_port)
     finally:
         stop_process(proc, timeout=20)
 

@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, wait_for
-from tests.ports import listening_addresses
+from tests.ports import assert_loopback_only
 from tests.test_serving_production import start_server, stop
 
 pytestmark = pytest.mark.integration  # starts servers or processes
@@ -751,8 +751,7 @@ def test_fuzz_every_endpoint(fuzz_server):
     started = time.monotonic()
     budget_end = started + FUZZ_BUDGET_S
     port = urlsplit(srv.url).port
-    listening = listening_addresses(port)
-    assert listening and set(listening) == {"0100007F"}, f"the server must listen on 127.0.0.1 only: {listening}"
+    assert_loopback_only(port)
     fz = Fuzzer(servers, budget_end)
 
     # -- what the server says it serves: the endpoints (its OpenAPI document), the models (the repository)
