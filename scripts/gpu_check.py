@@ -169,7 +169,7 @@ def load_cases(path: Path) -> dict:
         return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0]
-        raise SystemExit(f"gpu_check: {path} holds more than tensors and plain values ({first}); pack the cases "
+        raise cli_errors.ScriptError(f"{path} holds more than tensors and plain values ({first}); pack the cases "
                          "again with --pack on a machine you trust") from None
 
 
@@ -418,7 +418,7 @@ def recount(path: Path, root: Path) -> dict:
     tr, run = dict(report["train"] or {}), resolve("transformer", root=root)
     params = sum(p.numel() for p in models.build(run.arch, run.model).parameters())
     if tr.get("params") != params:
-        raise SystemExit(f"gpu_check: {path} holds no training row of this checkout's Transformer ({params:,} "
+        raise cli_errors.ScriptError(f"{path} holds no training row of this checkout's Transformer ({params:,} "
                          f"parameters); recount it in a checkout of the recipe it ran")
     window = tr["steady_window"]
     if window and "from_step" not in window:  # a report without the window's start: the first of ten logged steps
@@ -455,7 +455,7 @@ def recount_report(path: Path) -> None:
     try:
         report = recount(path, ROOT)
     except UserError as err:
-        raise SystemExit(f"gpu_check: --recount needs the Transformer's prepared data here ({err})") from None
+        raise cli_errors.ScriptError(f"--recount needs the Transformer's prepared data here ({err})") from None
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(train_line(report["train"]))
 
@@ -489,13 +489,10 @@ def main(argv: list[str] | None = None) -> None:
     import onnxruntime as ort
     import torch
 
-    known = entries(ROOT)
-    unknown = sorted(set(args.models or ()) - set(known))
-    if unknown:
-        raise SystemExit(f"gpu_check: {', '.join(unknown)} not in params.yaml; `attnzoo list` shows the entries")
+    asked = cli_errors.entries(args.models or entries(ROOT))  # default: every params.yaml entry
     if args.pack:  # no device needed: the cases of every asked-for entry, for --cases elsewhere
-        pack(args.models or known, ROOT, args.pack, graphs=args.with_graphs, jobs=args.jobs)
-        print(f"gpu_check: packed the cases of {len(args.models or known)} entries into {args.pack}")
+        pack(asked, ROOT, args.pack, graphs=args.with_graphs, jobs=args.jobs)
+        print(f"gpu_check: packed the cases of {len(asked)} entries into {args.pack}")
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to PyTorch here; nothing to check")
@@ -506,16 +503,16 @@ def main(argv: list[str] | None = None) -> None:
         try:
             resolve("transformer", root=ROOT)
         except UserError as err:
-            raise SystemExit(f"gpu_check: the Transformer training (--steps) needs its data ({err}), "
+            raise cli_errors.ScriptError(f"the Transformer training (--steps) needs its data ({err}), "
                              f"or pass --steps 0") from None
     trained = trained_models(ROOT)
-    names = [m for m in args.models or known if m in trained or args.seeded]
+    names = [m for m in asked if m in trained or args.seeded]
     if not names:
-        raise SystemExit("gpu_check: no model asked for is trained and published in this checkout; "
+        raise cli_errors.ScriptError("no model asked for is trained and published in this checkout; "
                          "--seeded checks the entries with seeded weights")
     if args.cases:
         if missing := [m for m in names if not (args.cases / f"{m}.pt").exists()]:
-            raise SystemExit(f"gpu_check: {args.cases} has no cases for {', '.join(missing)}; "
+            raise cli_errors.ScriptError(f"{args.cases} has no cases for {', '.join(missing)}; "
                              f"pack them with `python scripts/gpu_check.py --pack {args.cases}` where the data is")
     weights = {m: "published" if m in trained else "seeded" for m in names}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"

@@ -227,22 +227,22 @@ def test_entries_not_trained_here_are_checked_with_seeded_weights_from_packed_ca
     assert 0 < report["parity"]["fp32"]["pointer_sort"]["max_abs"] < 1e-4
     # Bad input: one sentence naming the fix.
     bad = check("--device", "cpu", models=("nope", "act_parity"), timeout=120)
-    assert bad.returncode != 0
-    assert bad.stderr.strip().splitlines()[-1] == "gpu_check: nope not in params.yaml; `attnzoo list` shows the entries"
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == "error: not params.yaml entries: nope (`attnzoo list` shows them)"
     bare = check("--device", "cpu", "--seeded", "--steps", "0", "--cases", str(tmp_path / "elsewhere"), timeout=120)
-    assert bare.returncode != 0
+    assert bare.returncode == 2
     assert bare.stderr.strip().splitlines()[-1] == (
-        f"gpu_check: {tmp_path / 'elsewhere'} has no cases for pointer_sort, act_parity; pack them with "
+        f"error: {tmp_path / 'elsewhere'} has no cases for pointer_sort, act_parity; pack them with "
         f"`python scripts/gpu_check.py --pack {tmp_path / 'elsewhere'}` where the data is")
     no_data = check("--device", "cpu", "--seeded", "--cases", str(tmp_path / "cases"), timeout=120)
-    assert no_data.returncode != 0  # at once, before the parity and timing minutes
+    assert no_data.returncode == 2  # at once, before the parity and timing minutes
     assert no_data.stderr.strip().splitlines()[-1] == (
-        f"gpu_check: the Transformer training (--steps) needs its data ({repo}/data/prepared/translation_de_en/"
+        f"error: the Transformer training (--steps) needs its data ({repo}/data/prepared/translation_de_en/"
         f"manifest.json is missing: run `dvc repro prepare` first), or pass --steps 0")
     untrained = check("--device", "cpu", "--steps", "0", timeout=120)
-    assert untrained.returncode != 0
+    assert untrained.returncode == 2
     assert untrained.stderr.strip().splitlines()[-1] == (
-        "gpu_check: no model asked for is trained and published in this checkout; "
+        "error: no model asked for is trained and published in this checkout; "
         "--seeded checks the entries with seeded weights")
 
 
@@ -251,7 +251,8 @@ def test_packed_cases_are_loaded_without_running_a_planted_pickle(tmp_path):
 
     marker = tmp_path / "ran"
     torch.save({"model": Planted(marker)}, tmp_path / "ntm.pt")
-    with pytest.raises(SystemExit, match=r"holds more than tensors and plain values .*pack the cases again"):
+    planted = r"holds more than tensors and plain values .*pack the cases again"
+    with pytest.raises(gpu_check.cli_errors.ScriptError, match=planted):
         gpu_check.load_cases(tmp_path / "ntm.pt")
     assert not marker.exists()
     # What --pack writes loads as it was saved.
