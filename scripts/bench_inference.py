@@ -398,7 +398,7 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict]:
         print(f"not trained and exported in this checkout (run `attnzoo repro publish@NAME`): {', '.join(missing)}",
               file=sys.stderr)
     if not rows:
-        raise SystemExit("error: no model to benchmark: train and export one first")
+        raise cli_errors.ScriptError("no model to benchmark: train and export one first")
     return rows
 
 
@@ -422,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.render_docs or args.check_docs:
         if args.models or args.write_docs:
-            raise SystemExit("error: --render-docs / --check-docs measure nothing: no model names, no --write-docs")
+            raise cli_errors.ScriptError("--render-docs / --check-docs measure nothing: no model names, "
+                                         "no --write-docs")
         text = DOCS.read_text()
         fresh = with_table(text, rendered())
         if args.check_docs:
@@ -445,8 +446,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_docs and args.models and JSON_OUT.exists():
         kept = json.loads(JSON_OUT.read_text())
         if kept["threads"] != args.threads or kept["repeats"] != args.repeats:
-            raise SystemExit(f"error: {JSON_OUT.name} was run with --threads {' '.join(map(str, kept['threads']))} "
-                             f"--repeats {kept['repeats']}; re-measure its rows with the same, or every model")
+            threads = " ".join(map(str, kept["threads"]))
+            raise cli_errors.ScriptError(f"{JSON_OUT.name} was run with --threads {threads} --repeats "
+                                         f"{kept['repeats']}; re-measure its rows with the same, or every model")
         fresh = {r["model"]: r for r in rows}
         old = {r["model"]: r for r in kept_rows(kept)}
         rows = [fresh.get(name) or old[name] for name in entries if name in fresh or name in old]

@@ -144,8 +144,8 @@ def run_model(args, server: int, url: str, target: str, model: str) -> tuple[lis
 
     found = sample(args.repository, Client(url), model)
     if found is None:
-        raise SystemExit(f"error: this script has sample inputs for text models and for the tasks of "
-                         f"examples/*.json, not for {model}'s")
+        raise cli_errors.ScriptError(f"this script has sample inputs for text models and for the tasks of "
+                                     f"examples/*.json, not for {model}'s")
     inputs, params = found
     bodies, message = rest_bodies(inputs, params), grpc_request(model, inputs, params)
     runs: dict[tuple[str, int], list[dict]] = {(p, c): [] for p in PROTOCOLS for c in (1, 32)}
@@ -186,8 +186,8 @@ def main() -> None:
     args = ap.parse_args()
     missing = [m for m in args.models.split(",") if not (args.repository / m).is_dir()]
     if missing:
-        raise SystemExit(f"error: {args.repository} has no {', '.join(missing)}; publish them (`dvc repro "
-                         f"publish@{missing[0]}`) or pass --repository and --models")
+        raise cli_errors.ScriptError(f"{args.repository} has no {', '.join(missing)}; publish them (`dvc repro "
+                                     f"publish@{missing[0]}`) or pass --repository and --models")
     proc, url, target = start(args.repository, args.server_args)
     try:
         results = [run_model(args, proc.pid, url, target, m) for m in args.models.split(",")]

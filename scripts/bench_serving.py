@@ -94,7 +94,7 @@ async def load_wrk(url: str, body: bytes, requests: int, concurrency: int) -> di
     import tempfile
 
     if shutil.which("wrk") is None:
-        raise SystemExit("error: --client wrk needs the `wrk` program: sudo apt-get install wrk")
+        raise cli_errors.ScriptError("--client wrk needs the `wrk` program: sudo apt-get install wrk")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                 f"wrk.body = {json.dumps(body.decode())}\n")
@@ -154,9 +154,10 @@ def served_folder(repo: Path, model: str) -> Path:
     try:
         metas = LocalClient(repo)._versions(model)  # each version's metadata.json, as --local reads them
     except LocalError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise cli_errors.ScriptError(str(e)) from None
     if not metas:
-        raise SystemExit(f"{repo / model} holds no published version: run `dvc repro publish@{model}` first")
+        raise cli_errors.ScriptError(f"{repo / model} holds no published version: run `dvc repro publish@{model}` "
+                                     "first")
     version, _ = default_version(metas)
     return repo / model / str(max(metas) if version is None else version)
 

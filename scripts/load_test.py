@@ -132,8 +132,8 @@ def discover(url: str, models: dict[str, str] | None = None) -> dict[str, tuple[
             break
         if kind not in chosen:
             tried = [models[kind]] if models and kind in models else candidates
-            raise SystemExit(f"error: the server at {url} serves none of {tried} (for the {kind} kind) with "
-                             "inputs this script can build")
+            raise cli_errors.ScriptError(f"the server at {url} serves none of {tried} (for the {kind} kind) with "
+                                         "inputs this script can build")
     return chosen
 
 
@@ -211,8 +211,8 @@ def build_requests(url: str, chosen: dict[str, tuple[str, dict]], max_body_mb: f
             "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SENTENCES[0]]}],
             "parameters": {"decode": "beam", "beam": t_limits["beam"] + 1}}))
     if not over:
-        raise SystemExit(f"error: no limits in the metadata of {rname}, {tname} or {oname}: "
-                         "cannot build over-limit requests")
+        raise cli_errors.ScriptError(f"no limits in the metadata of {rname}, {tname} or {oname}: "
+                                     "cannot build over-limit requests")
     out["over_limit"] = over
     out["unknown_model"] = [post("/v2/models/no-such-model/infer", good),
                             post("/v2/models/zz_missing-7/versions/1/infer", good)]

@@ -38,8 +38,8 @@ def browser():
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
-        raise SystemExit("error: headless Chromium is missing: apt-get install chromium chromium-driver "
-                         "(scripts/setup.sh does)")
+        raise cli_errors.ScriptError("headless Chromium is missing: apt-get install chromium chromium-driver "
+                                     "(scripts/setup.sh does)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in CHROME_ARGS:
@@ -64,8 +64,8 @@ def server(repository: Path):
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise SystemExit(f"error: the server stopped (exit {proc.returncode}); is {repository} a "
-                                     "model repository?") from None
+                    raise cli_errors.ScriptError(f"the server stopped (exit {proc.returncode}); is {repository} a "
+                                                 "model repository?") from None
                 time.sleep(0.1)
         yield url
     finally:

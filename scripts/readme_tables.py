@@ -38,16 +38,16 @@ FAMILY = {"bahdanau": MT, "luong": MT, "transformer": MT, "ntm": "Neural Turing 
 def family_of(arch: str) -> str:
     """The README row of ``arch``: one sentence naming the fix for an architecture the table has no row for."""
     if arch not in FAMILY:
-        raise SystemExit(f"scripts/readme_tables.py: architecture '{arch}' has no family: add its README row "
-                         "name to FAMILY")
+        raise cli_errors.ScriptError(f"architecture '{arch}' has no family: add its README row "
+                                     "name to FAMILY")
     return FAMILY[arch]
 
 
 def headline_of(name: str) -> str:
     """The metric a bar-less entry (an ablation) is shown on: one sentence naming the fix for one without."""
     if name not in HEADLINE:
-        raise SystemExit(f"scripts/readme_tables.py: entry '{name}' has no bar and no headline metric: add the "
-                         "metric its row shows to HEADLINE in scripts/results_table.py")
+        raise cli_errors.ScriptError(f"entry '{name}' has no bar and no headline metric: add the "
+                                     "metric its row shows to HEADLINE in scripts/results_table.py")
     return HEADLINE[name]
 
 
@@ -150,7 +150,7 @@ def replace(readme: str, blocks: dict[str, str]) -> str:
     for name, text in blocks.items():
         start, end = f"<!-- {name}: start -->", f"<!-- {name}: end -->"
         if start not in readme or end not in readme:
-            raise SystemExit(f"error: README.md has no {start} ... {end} block to put the table in")
+            raise cli_errors.ScriptError(f"README.md has no {start} ... {end} block to put the table in")
         head, rest = readme.split(start, 1)
         readme = f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}"
     return readme

@@ -131,7 +131,7 @@ def table(root: Path = ROOT, entries: list[list[str]] | None = None) -> str:
 
 def replace(text: str, new: str) -> str:
     if START not in text or END not in text:
-        raise SystemExit(f"{DOCS} has no {START} ... {END} section to replace")
+        raise cli_errors.ScriptError(f"{DOCS} has no {START} ... {END} section to replace")
     head, rest = text.split(START, 1)
     return f"{head}{START}\n\n{new}\n\n{END}{rest.split(END, 1)[1]}"
 

@@ -130,7 +130,7 @@ def fast_settings(name: str) -> dict:
 
     fast, base = _params("FAST_PARAMS", ROOT / "params.yaml"), baseline_params()
     if name not in base["models"]:
-        raise SystemExit(f"train_efficiency: the baseline's params.yaml has no entry {name}")
+        raise cli_errors.ScriptError(f"the baseline's params.yaml has no entry {name}")
     arch = fast["models"][name]["arch"]
     loop = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     model = {f.name: f.default for f in dataclasses.fields(models.REGISTRY[arch].config_cls)}
@@ -554,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_code:
         os.environ["BASELINE_CODE"] = str(args.baseline_code.resolve())
     if not args.peak.exists():
-        raise SystemExit(f"no peak figures at {args.peak}; run: python scripts/bench_peak.py --out {args.peak}")
+        raise cli_errors.ScriptError(f"no peak figures at {args.peak}; run: python scripts/bench_peak.py "
+                                     f"--out {args.peak}")
     peak = json.loads(args.peak.read_text())
     names = args.entries or list(load_params(ROOT)["models"])
     if args.budget_run:  # reads two runs' files: no data to prepare
@@ -607,9 +608,10 @@ def _learning_only(args, names: list[str], old: dict) -> int:
     """``--learn-steps``: each named entry's learns_the_same over that many steps, written into ``--out``."""
     missing = [n for n in names if n not in old]
     if args.learn_steps < 1 + warm_up_steps(1):
-        raise SystemExit(f"--learn-steps counts the warm-up too: give at least {1 + warm_up_steps(1)}")
+        raise cli_errors.ScriptError(f"--learn-steps counts the warm-up too: give at least {1 + warm_up_steps(1)}")
     if not args.entries or missing:
-        raise SystemExit(f"--learn-steps updates entries already in {args.out}; measure {missing or 'them'} first")
+        raise cli_errors.ScriptError(f"--learn-steps updates entries already in {args.out}; measure "
+                                     f"{missing or 'them'} first")
     kept = json.loads(args.out.read_text())
     for name in names:
         # the timed steps' warm-up comes first: the count is warm-up + timed, as in the speed runs
@@ -638,8 +640,8 @@ def _budget_runs_only(args, names: list[str]) -> int:
         entry = kept["entries"][name]
         now = settings[name]
         if _without_budget(now) != _without_budget(entry["fast_settings"]):
-            raise SystemExit(f"train_efficiency: {name}'s settings in params.yaml differ from those measured by "
-                             f"more than max_steps; measure it again with --entries {name}")
+            raise cli_errors.ScriptError(f"{name}'s settings in params.yaml differ from those measured by "
+                                         f"more than max_steps; measure it again with --entries {name}")
         entry.update(fast_settings=now, steps=fast_steps(now, entry["baseline_steps"], entry["baseline_val_curve"]))
         entry["ratio"] = ratio(entry)
         if "max_steps" not in now:  # the baseline's budget again: no shorter budget to give evidence for

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     for label in args.only or list(VARIANTS):
         given = args.recipe_run if label == "recipe" else None
         if given and json.loads((given / "train_summary.json").read_text())["steps"] != args.steps:
-            raise SystemExit(f"error: {given} did not train {args.steps} steps; drop --recipe-run")
+            raise cli_errors.ScriptError(f"{given} did not train {args.steps} steps; drop --recipe-run")
         run = given or train(args.work, label, args.steps, args.eval_every)
         rows[label] = measure(run, folder(args.work, label) / "valid_bleu.json", args.beam)
     if args.json:

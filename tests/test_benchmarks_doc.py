@@ -210,8 +210,9 @@ def test_a_budget_run_takes_a_new_max_steps_without_a_speed_run_and_refuses_othe
     assert got["projected"]["fast_s"] < kept["projected"]["fast_s"]
     # Another setting changed: the measured rate is not this recipe's.
     with_ntm_train({"precision": "bf16", "max_steps": 6000})
-    with pytest.raises(SystemExit, match=r"ntm's settings in params.yaml differ from those measured by more "
-                                         r"than max_steps; measure it again with --entries ntm"):
+    with pytest.raises(train_efficiency.cli_errors.ScriptError,
+                       match=r"^ntm's settings in params.yaml differ from those measured by more "
+                             r"than max_steps; measure it again with --entries ntm$"):
         train_efficiency.main(args)
 
 

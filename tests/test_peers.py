@@ -103,7 +103,7 @@ def test_the_recipe_comparisons_are_kept_one_per_budget(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_summary.json").write_text(json.dumps({"steps": 6000}))
-    with pytest.raises(SystemExit, match="did not train 2000 steps"):
+    with pytest.raises(transformer_recipe.cli_errors.ScriptError, match="did not train 2000 steps"):
         transformer_recipe.main(["--work", str(tmp_path / "w"), "--only", "recipe", "--recipe-run", str(run)])
 
 

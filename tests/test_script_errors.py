@@ -63,6 +63,34 @@ def test_every_script_ends_through_cli_errors():
         assert [ast.unparse(b) for b in blocks] == ["if __name__ == '__main__':\n    cli_errors.run(main)"], path
 
 
+# What a message of ``raise SystemExit("...")`` (exit 1) may report: a run the script started that failed,
+# with its output, not a mistake its user can fix (those are ``ScriptError``, exit 2, docs/troubleshooting.md).
+RUN_FAILED = ("did not become ready", "failed", "exited with", "the server's error", "the generated block differs")
+
+
+def exit_1_messages(source: str) -> list[str]:
+    """The literal text of each ``raise SystemExit(<string>)`` in ``source`` (an f-string's fixed parts)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        call = node.exc if isinstance(node, ast.Raise) else None
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "SystemExit" and call.args):
+            continue
+        parts = call.args[0].values if isinstance(call.args[0], ast.JoinedStr) else [call.args[0]]
+        if all(isinstance(p, ast.Constant | ast.FormattedValue) for p in parts) and \
+                any(isinstance(p, ast.Constant) and isinstance(p.value, str) for p in parts):
+            found.append("".join(p.value for p in parts if isinstance(p, ast.Constant)))
+    return found
+
+
+def test_a_script_exits_1_only_for_a_run_that_failed():
+    """A user's mistake in a script is a ``ScriptError`` (exit 2); ``SystemExit`` with a message is left for a
+    run the script started that failed. A planted mistake of the old form is found."""
+    assert exit_1_messages('raise SystemExit(f"error: no peak figures at {p}")') == ["error: no peak figures at "]
+    assert exit_1_messages('raise SystemExit(1)\nraise ScriptError("x")\nraise SystemExit(code)') == []
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        for message in exit_1_messages(path.read_text()):
+            assert any(r in message for r in RUN_FAILED), f"{path.name}: {message!r} is a ScriptError"
+
 def test_an_unknown_entry_is_named_with_where_to_find_the_entries(capsys, monkeypatch):
     import bench_inference
     import bench_train
