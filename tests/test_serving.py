@@ -493,7 +493,7 @@ def test_client_and_predict_cli_report_errors_in_one_line(server):
     assert out.returncode == 0 and out.stdout.splitlines()[0] == str(served["caption"][0])
     assert "peak at row" in out.stdout
     out = subprocess.run(cli + ["captioner", str(ROOT / "README.md")], capture_output=True, text=True, env=env)
-    assert out.returncode != 0 and "cannot read the image" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "cannot read the image" in out.stderr and "Traceback" not in out.stderr  # an input
     down = [sys.executable, "-m", "pipeline.runner.cli", "predict", "--url", "http://127.0.0.1:9", "ntm", "{}"]
     out = subprocess.run(down, capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
