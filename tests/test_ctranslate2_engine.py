@@ -165,14 +165,15 @@ def test_the_int8_variant_is_served_by_ctranslate2_when_its_gate_passed(converte
     export_onnx(converted.model, run.run_dir / "int8")  # stands for the int8 graphs: publish copies what is there
     fp32 = {"bleu_beam": record["metrics"]["bleu_beam"]}
 
-    def publish_with(engine_passed: bool, name: str) -> dict:
+    def publish_with(engine_passed: bool, name: str, promote: bool = True) -> dict:
         report = {"quantization": {"method": "dynamic", "weights": "int8"}, "metrics": fp32,
                   "gate": gate(fp32, fp32, bar, 0.5),
                   "engine": {**record, "gate": {**gate(fp32, record["metrics"], bar, 0.5), "passed": engine_passed}}}
         (run.run_dir / "int8_metrics.json").write_text(json.dumps(report))
         run.name = name
         return publish_int8(run, tmp_path, serving, {"arch": "transformer", "task": run.task}, artifacts,
-                            fp32_version=2, promote=True, repository=tmp_path / "model_repository", register=False)
+                            fp32_version=2, promote=promote, repository=tmp_path / "model_repository",
+                            register=False)
 
     assert publish_with(True, "t")["published"]
     meta = json.loads((tmp_path / "model_repository" / "t-int8" / "1" / "metadata.json").read_text())
@@ -181,6 +182,9 @@ def test_the_int8_variant_is_served_by_ctranslate2_when_its_gate_passed(converte
     card = (tmp_path / "model_repository" / "t-int8" / "1" / "MODEL_CARD.md").read_text()
     assert "Served by ctranslate2" in card and "int8 weights (int8), gate against fp32 passed" in card
     assert "int8 gate of ctranslate2's variant" in card
+    # its bar met, but the fp32 version it was made beside not promoted: published, not promoted either
+    assert publish_with(True, "n", promote=False)["published"]
+    assert not json.loads((tmp_path / "model_repository" / "n-int8" / "1" / "metadata.json").read_text())["production"]
     check_version(tmp_path / "model_repository" / "t-int8" / "1")
     client = LocalClient(tmp_path / "model_repository", threads=2)
     texts = [it["src_text"] for it in converted.items]
