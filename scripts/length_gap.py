@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     cli_errors.entries([name for name, _ in runs])
     for name, run_dir in runs:
         if not (run_dir / "checkpoint" / "best").is_dir():
-            sys.exit(f"error: no checkpoint in {run_dir}/checkpoint/best; "
-                     f"train it first (attnzoo train {name} --out DIR)")
+            raise cli_errors.ScriptError(f"no checkpoint in {run_dir}/checkpoint/best; "
+                                         f"train it first (attnzoo train {name} --out DIR)")
     items = TranslationTask().load(resolve(runs[0][0]).data_dir, "test")
     ids = sample(items, args.sample)[: args.limit or None]
     results, texts, started = {}, {}, time.monotonic()

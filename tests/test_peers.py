@@ -77,7 +77,7 @@ def test_the_opennmt_checkpoint_within_the_budget(tmp_path):
     got = peers.onmt_pick(tmp_path, 2.0)  # 120 s: step 200 (130 s) is over it
     assert got["step"] == 100 and got["seconds"] == 70 and got["checkpoint"].endswith("model_step_100.pt")
     assert got["target_tokens_per_s"] == 4000  # the median of the target rates up to step 100: 3900, 4100
-    with pytest.raises(SystemExit, match="no checkpoint saved within"):
+    with pytest.raises(peers.cli_errors.ScriptError, match="no checkpoint saved within"):
         peers.onmt_pick(tmp_path, 0.5)
 
 

@@ -54,7 +54,7 @@ def test_run_passes_a_number_on_as_the_exit_status_and_fixable_errors_as_one_lin
 
 def test_every_script_ends_through_cli_errors():
     """Each script's ``if __name__ == "__main__":`` block is ``cli_errors.run(main)`` and nothing else."""
-    for path in sorted((ROOT / "scripts").glob("*.py")):
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
         tree = ast.parse(path.read_text())
         blocks = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
         if path.name == "cli_errors.py":
@@ -69,11 +69,11 @@ RUN_FAILED = ("did not become ready", "failed", "exited with", "the server's err
 
 
 def exit_1_messages(source: str) -> list[str]:
-    """The literal text of each ``raise SystemExit(<string>)`` in ``source`` (an f-string's fixed parts)."""
+    """The literal text of each ``raise SystemExit(<string>)`` or ``sys.exit(<string>)`` in ``source`` (an
+    f-string's fixed parts)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
-        call = node.exc if isinstance(node, ast.Raise) else None
-        if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "SystemExit" and call.args):
+    for call in ast.walk(ast.parse(source)):
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) in ("SystemExit", "sys.exit") and call.args):
             continue
         parts = call.args[0].values if isinstance(call.args[0], ast.JoinedStr) else [call.args[0]]
         if all(isinstance(p, ast.Constant | ast.FormattedValue) for p in parts) and \
@@ -86,10 +86,12 @@ def test_a_script_exits_1_only_for_a_run_that_failed():
     """A user's mistake in a script is a ``ScriptError`` (exit 2); ``SystemExit`` with a message is left for a
     run the script started that failed. A planted mistake of the old form is found."""
     assert exit_1_messages('raise SystemExit(f"error: no peak figures at {p}")') == ["error: no peak figures at "]
+    assert exit_1_messages('sys.exit(f"no data in {d}")') == ["no data in "]
     assert exit_1_messages('raise SystemExit(1)\nraise ScriptError("x")\nraise SystemExit(code)') == []
-    for path in sorted((ROOT / "scripts").glob("*.py")):
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
         for message in exit_1_messages(path.read_text()):
             assert any(r in message for r in RUN_FAILED), f"{path.name}: {message!r} is a ScriptError"
+
 
 def test_an_unknown_entry_is_named_with_where_to_find_the_entries(capsys, monkeypatch):
     import bench_inference
@@ -156,6 +158,27 @@ def test_serving_parity_names_models_it_cannot_check_and_never_passes_on_nothing
     (tmp_path / "model_repository" / "ntm").mkdir(parents=True)
     assert serving_parity.chosen(None) == ["ntm"] and serving_parity.chosen(["ntm"]) == ["ntm"]
     assert "bahdanau: skipped (not in model_repository/)" in capsys.readouterr().out
+
+
+def test_the_peer_scripts_name_the_file_a_subcommand_needs(capsys, tmp_path):
+    """scripts/peers: a subcommand whose input is not there names it and what makes it (was a traceback)."""
+    import export_data
+    import peers
+
+    gone = tmp_path / "gone"
+    assert one_line_error(capsys, peers.main, ["onmt-pick", str(gone), "20"]) == \
+        f"{gone}/train.log is not there: run scripts/peers/opennmt.sh first"
+    assert one_line_error(capsys, peers.main, ["score", str(gone)]) == \
+        f"{gone} is not there: give a file of translations, a line each"
+    assert one_line_error(capsys, peers.main, ["attnzoo-progress", str(gone)]) == \
+        f"{gone}/trainer.pt is not there: give a run's checkpoint/last (scripts/peers/attnzoo.sh's " \
+        "WORKDIR/at_<MINUTES>min)"
+    assert one_line_error(capsys, peers.main, ["ct2-bleu", str(gone)]).startswith(f"{gone}/model.bin is not there")
+    assert one_line_error(capsys, export_data.main, [str(tmp_path / "out"), "--data", str(gone)]) == \
+        f"no prepared data in {gone}: run `dvc repro prepare@translation_de_en` first"
+    (tmp_path / "train.log").write_text("no step reports yet\n")
+    assert one_line_error(capsys, peers.main, ["onmt-pick", str(tmp_path), "20"]) == \
+        f"no training steps in {tmp_path}/train.log: run scripts/peers/opennmt.sh first"
 
 
 def test_missing_inputs_name_what_makes_them(capsys, monkeypatch, tmp_path):

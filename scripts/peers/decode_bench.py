@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_peak  # noqa: E402  (the CPU's name, family and model)
+import cli_errors  # noqa: E402
 
 DATA = ROOT / "data" / "prepared" / "translation_de_en"
 MODEL = "transformer"
@@ -107,7 +108,8 @@ def newest(repository: Path, name: str) -> Path:
     """The newest published version of ``name``."""
     found = sorted((repository / name).glob("*/metadata.json"), key=lambda p: int(p.parent.name))
     if not found:
-        raise SystemExit(f"{repository / name} holds no version: run `dvc repro publish@{MODEL}` first")
+        raise cli_errors.ScriptError(f"{repository / name} holds no version: run `dvc repro publish@{MODEL}` "
+                                     "first")
     return found[-1].parent
 
 
@@ -342,4 +344,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

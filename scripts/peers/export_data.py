@@ -17,7 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the pipeline; cli_errors
+
+import cli_errors  # noqa: E402
 
 from pipeline.tasks.translation_de_en import EOS, TranslationTask  # noqa: E402
 
@@ -56,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "prepared" / "translation_de_en")
     args = ap.parse_args(argv)
     if not (args.data / "train.pt").exists():
-        sys.exit(f"no prepared data in {args.data}: run `dvc repro prepare@translation_de_en` first")
+        raise cli_errors.ScriptError(f"no prepared data in {args.data}: run `dvc repro prepare@translation_de_en` "
+                                     "first")
     print(export(args.data, args.out))
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

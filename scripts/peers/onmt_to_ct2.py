@@ -12,11 +12,15 @@ OpenNMT-py checkpoints are pickles: convert only ones you trained (this script l
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from ctranslate2.converters import OpenNMTPyConverter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: cli_errors
+import cli_errors  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--quantization", choices=["int8"], default=None)
     args = ap.parse_args(argv)
+    if not args.checkpoint.is_file():
+        raise cli_errors.ScriptError(f"{args.checkpoint} is no OpenNMT-py checkpoint file: give one "
+                                     "scripts/peers/opennmt.sh saved (its WORKDIR/model_step_*.pt)")
     saved = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     if getattr(saved["opt"], "self_attn_type", "scaled-dot") == "scaled-dot-flash":
         saved["opt"].self_attn_type = "scaled-dot"
@@ -37,4 +44,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)

@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the pipeline; cli_errors
+
+import cli_errors  # noqa: E402
 
 DATA = ROOT / "data" / "prepared" / "translation_de_en"
 MODEL = "transformer"
@@ -86,13 +88,14 @@ def onmt_pick(work: Path, minutes: float) -> dict:
     log = (work / "train.log").read_text()
     reports = [(int(s), int(src), int(tgt), int(sec)) for s, src, tgt, sec in STEP_RE.findall(log)]
     if not reports:
-        sys.exit(f"no training steps in {work / 'train.log'}: run scripts/peers/opennmt.sh first")
+        raise cli_errors.ScriptError(f"no training steps in {work / 'train.log'}: run scripts/peers/opennmt.sh "
+                                     "first")
     saved = sorted(int(p.stem.rsplit("_", 1)[1]) for p in work.glob("model_step_*.pt"))
     elapsed = {s: sec for s, _, _, sec in reports}
     # A checkpoint is saved at a multiple of report_every, so the report of its step gives its time.
     within = [s for s in saved if s in elapsed and elapsed[s] <= minutes * 60]
     if not within:
-        sys.exit(f"no checkpoint saved within {minutes} min in {work}")
+        raise cli_errors.ScriptError(f"no checkpoint saved within {minutes} min in {work}")
     step = within[-1]
     rates = [tgt for s, _, tgt, _ in reports if s <= step]
     return {"checkpoint": str(work / f"model_step_{step}.pt"), "step": step, "seconds": elapsed[step],
@@ -180,6 +183,22 @@ def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
     return score(hyps, test_refs())
 
 
+def inputs_there(args: argparse.Namespace) -> None:
+    """The file a subcommand reads is there, or one sentence naming what makes it."""
+    path, fix = {
+        "onmt-pick": (getattr(args, "work", Path()) / "train.log", "run scripts/peers/opennmt.sh first"),
+        "score": (getattr(args, "hyp", None), "give a file of translations, a line each"),
+        "attnzoo-speed": (getattr(args, "run_dir", Path()) / "train_summary.json",
+                          "give a finished run (scripts/peers/attnzoo.sh's WORKDIR/run)"),
+        "attnzoo-progress": (getattr(args, "checkpoint", Path()) / "trainer.pt",
+                             "give a run's checkpoint/last (scripts/peers/attnzoo.sh's WORKDIR/at_<MINUTES>min)"),
+        "ct2-bleu": (getattr(args, "folder", Path()) / "model.bin",
+                     "convert a model first (scripts/peers/ctranslate2_convert.py or onmt_to_ct2.py)"),
+    }.get(args.cmd, (None, ""))
+    if path is not None and not path.is_file():
+        raise cli_errors.ScriptError(f"{path} is not there: {fix}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -201,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--source-eos", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    inputs_there(args)
     if args.cmd == "onmt-config":
         print(onmt_config(args.work, dropout=args.dropout), end="")
     elif args.cmd == "onmt-pick":
@@ -218,4 +238,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli_errors.run(main)
