@@ -366,11 +366,20 @@ def _ceilings(kept: dict) -> str:
     ops = ", ".join(f"`{op}` up to {share:.0%}" for op, share in sorted(worst.items(), key=lambda kv: -kv[1])[:3])
     pct = {n: kept["entries"][n]["fast_pct_of_peak"] for n in found}
     now, bound = [c["peak_gflops_now"] for c in found.values()], span([c["bound_pct"] for c in found.values()])
-    below = [n for n, p in pct.items() if p < 50]
     share = span([100 * c["gemm_time_share"] for c in found.values()])
     alone = span([c["ceiling_pct"] for c in found.values()])
-    half = (f"{len(found) - len(below)} of them at 50 % or more; for the rest ({', '.join(below)}), 50 % needs that "
-            "work cut, not faster products" if below else "all of them at 50 % or more")
+    # Below 50 %: with a bound over 50 % the products are what is slow (slower in the step than alone);
+    # with a bound under it, only cutting the other work can get there.
+    slow = [n for n, p in pct.items() if p < 50 and found[n]["bound_pct"] >= 50]
+    cut = [n for n, p in pct.items() if p < 50 and found[n]["bound_pct"] < 50]
+    parts = [f"{len(found) - len(slow) - len(cut)} of them at 50 % or more" if slow or cut else
+             "all of them at 50 % or more"]
+    if slow:
+        parts.append(f"{', '.join(slow)} below it with a bound of {span([found[n]['bound_pct'] for n in slow])} %: "
+                     "their products run slower within the step than alone at the same shapes")
+    if cut:
+        parts.append(f"for {', '.join(cut)} 50 % needs that work cut, not faster products")
+    half = "; ".join(parts)
     return (f" The {len(found)} entries with GEMM figures ({', '.join(found)}) train at {span(pct.values())} % of peak "
             f"with their fast settings (counting the FLOPs their fast steps do). Their products take {share} % of "
             f"a step and run at {alone} % of the peak alone at their shapes; with them at the peak and everything "

@@ -136,6 +136,26 @@ def test_the_training_efficiency_block_is_the_render_of_the_committed_json():
     assert block == train_efficiency.rendered()
 
 
+def test_an_entry_below_half_the_peak_is_told_apart_by_its_bound():
+    """Below 50 % of peak with a bound (products at the peak) over 50 %, the products are what is slow; with a
+    bound under it, the work outside them is."""
+
+    def ceiling(bound: float) -> dict:
+        return {"outside": [{"op": "copy_", "share": 0.1}], "peak_gflops_now": 200.0, "bound_pct": bound,
+                "gemm_time_share": 0.6, "ceiling_pct": 100.0}
+
+    kept = {"entries": {"a": {"fast_pct_of_peak": 55.0, "ceiling": ceiling(60.0)},
+                        "b": {"fast_pct_of_peak": 45.0, "ceiling": ceiling(58.0)},
+                        "c": {"fast_pct_of_peak": 30.0, "ceiling": ceiling(40.0)},
+                        "d": {"fast_pct_of_peak": 40.0}}}  # no GEMM figures: not counted
+    text = train_efficiency._ceilings(kept)
+    assert text.startswith(" The 3 entries with GEMM figures (a, b, c) train at 30–55 % of peak")
+    assert ("1 of them at 50 % or more; b below it with a bound of 58 %: their products run slower within the "
+            "step than alone at the same shapes; for c 50 % needs that work cut, not faster products.") in text
+    kept["entries"] = {"a": kept["entries"]["a"]}
+    assert ": all of them at 50 % or more." in train_efficiency._ceilings(kept)
+
+
 def test_every_entry_has_its_efficiency_figures_and_the_projection_is_theirs():
     from pipeline.config import load_params
 
