@@ -98,6 +98,16 @@ def test_the_gpu_figures_are_those_of_docs_gpu_check(path):
     assert list(dict.fromkeys(named)) == report["models"]
 
 
+def test_the_training_rates_climbing_are_those_of_the_h200_report():
+    """docs/gpu.md's rates before and in the steady window are the committed H200 training row's."""
+    train = json.loads((GPU_DOC.parent / "gpu_check" / "nvidia-h200.json").read_text())["train"]
+    window = train["steady_window"]
+    before = window["from_step"] / (train["seconds"] - window["seconds"])  # steps/s up to the window
+    assert (f"{before:.1f} steps/s over its first {window['from_step']:,} steps, "
+            f"{window['steps'] / window['seconds']:.1f} over the next {window['steps']:,})") in " ".join(
+        GPU_DOC.read_text().split())  # the text as read, its line breaks aside
+
+
 def test_every_gpu_report_has_a_section():
     headings = re.findall(r"^### (NVIDIA .+)$", GPU_DOC.read_text(), flags=re.M)
     assert sorted(headings) == sorted(json.loads(p.read_text())["device"] for p in GPU_REPORTS)
