@@ -110,8 +110,10 @@ def test_push_to_a_refusing_remote_fails_and_keeps_the_cache(tiny_repo, tmp_path
     message = proc.stdout + proc.stderr
     assert proc.returncode != 0, message
     assert "Not a directory" in message and str(remote) in message, message
-    # attnzoo push: the same failure as one sentence naming the remote and the fix, exit 2
-    proc = dvc([sys.executable, "-m", "pipeline.runner.cli", "push", "-r", "broken"], repo, env, ok=False)
+    # attnzoo push: the same failure as one sentence naming the remote and the fix, exit 2; run as
+    # `.venv/bin/attnzoo` is without the venv activated (no `dvc` on PATH)
+    bare = {**env, "PATH": "/usr/bin:/bin"}
+    proc = dvc([sys.executable, "-m", "pipeline.runner.cli", "push", "-r", "broken"], repo, bare, ok=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(errors) == 1 and "remote 'broken'" in errors[0] and str(remote) in errors[0], proc.stderr

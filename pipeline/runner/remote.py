@@ -49,8 +49,9 @@ def reason(output: str) -> str:
 def transfer(command: str, remote: str | None, targets: list[str]) -> None:
     name, url = remote_url(remote)
     # DVC's output is passed on as it comes (its ERROR lines, which may go to either stream, are
-    # kept for the one sentence below)
-    proc = subprocess.Popen(["dvc", command, "-r", name, *targets], stdout=subprocess.PIPE,
+    # kept for the one sentence below). DVC of this interpreter: `.venv/bin/attnzoo` run without the
+    # venv activated has no `dvc` on PATH.
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", command, "-r", name, *targets], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     errors = []
     for line in proc.stdout:
