@@ -170,7 +170,7 @@ def load_cases(path: Path) -> dict:
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0]
         raise cli_errors.ScriptError(f"{path} holds more than tensors and plain values ({first}); pack the cases "
-                         "again with --pack on a machine you trust") from None
+                                     "again with --pack on a machine you trust") from None
 
 
 def build(spec: dict):
@@ -419,7 +419,7 @@ def recount(path: Path, root: Path) -> dict:
     params = sum(p.numel() for p in models.build(run.arch, run.model).parameters())
     if tr.get("params") != params:
         raise cli_errors.ScriptError(f"{path} holds no training row of this checkout's Transformer ({params:,} "
-                         f"parameters); recount it in a checkout of the recipe it ran")
+                                     f"parameters); recount it in a checkout of the recipe it ran")
     window = tr["steady_window"]
     if window and "from_step" not in window:  # a report without the window's start: the first of ten logged steps
         tr["steady_window"] = {"from_step": max(1, tr["steps"] // 10), **window}
@@ -504,16 +504,16 @@ def main(argv: list[str] | None = None) -> None:
             resolve("transformer", root=ROOT)
         except UserError as err:
             raise cli_errors.ScriptError(f"the Transformer training (--steps) needs its data ({err}), "
-                             f"or pass --steps 0") from None
+                                         f"or pass --steps 0") from None
     trained = trained_models(ROOT)
     names = [m for m in asked if m in trained or args.seeded]
     if not names:
         raise cli_errors.ScriptError("no model asked for is trained and published in this checkout; "
-                         "--seeded checks the entries with seeded weights")
+                                     "--seeded checks the entries with seeded weights")
     if args.cases:
         if missing := [m for m in names if not (args.cases / f"{m}.pt").exists()]:
-            raise cli_errors.ScriptError(f"{args.cases} has no cases for {', '.join(missing)}; "
-                             f"pack them with `python scripts/gpu_check.py --pack {args.cases}` where the data is")
+            raise cli_errors.ScriptError(f"{args.cases} has no cases for {', '.join(missing)}; pack them with "
+                                         f"`python scripts/gpu_check.py --pack {args.cases}` where the data is")
     weights = {m: "published" if m in trained else "seeded" for m in names}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     report = {"device": name, "onnxruntime": ort.__version__, "torch": torch.__version__, "models": names,
