@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.bars import check_bar
 from pipeline.stages.report import report
 
@@ -19,8 +21,8 @@ def test_check_bar_all_conditions_must_hold():
     assert check_bar({"x": 1}, [])["passed"]
 
 
-def write_rows(tmp_path) -> None:
-    rows = tmp_path / "results" / "t"
+def write_rows(tmp_path, task: str = "t") -> None:
+    rows = tmp_path / "results" / task
     rows.mkdir(parents=True)
     for name, values, passed in (("a", [20.0, 15.0], True), ("b", [18.0, 8.0], None)):
         (rows / f"{name}.json").write_text(json.dumps({
@@ -60,15 +62,22 @@ def test_the_report_stage_logs_its_table_and_plot_to_mlflow(tmp_path, monkeypatc
 
     from pipeline.stages import report as stage
 
-    write_rows(tmp_path)
+    write_rows(tmp_path, "copy")  # a task params.yaml lists
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setattr(stage, "ROOT", tmp_path)
-    stage.main(["t"])
+    stage.main(["copy"])
     assert "| a | bahdanau | 20.0 |" in capsys.readouterr().out
     client = mlflow.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'report'")
-    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["t.md", "t_by_length.png"]
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["copy.md", "copy_by_length.png"]
+    # a misspelled task: one sentence naming the known ones, exit 2, and no report or run written for it
+    with pytest.raises(SystemExit) as stopped:
+        stage.main(["cpoy"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith("error: unknown task 'cpoy'; params.yaml lists: translation_de_en, copy")
+    assert not (tmp_path / "reports" / "cpoy.md").exists()
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1
 
 
 def test_report_groups_table_with_its_floor(tmp_path):

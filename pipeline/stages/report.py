@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import plots, tracking
 from pipeline.config import ROOT
-from pipeline.entry import exit_after, run_cli
+from pipeline.entry import exit_after, run_cli, task_entry
 
 BAR = {True: "met", False: "not met", None: "none set"}
 
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     def body():
+        task_entry(args.task)  # a misspelled task: one sentence, before any report or MLflow run is written
         print(report(args.task, root=ROOT))
         with tracking.run(args.task, "report") as mlflow:  # the table and its plot beside the stages' runs
             for name in (f"{args.task}.md", f"{args.task}_by_length.png"):
