@@ -161,14 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/attnzoo-train-efficiency"))
     ap.add_argument("--out", type=Path, default=te.JSON_OUT, help="scripts/train_efficiency.py's figures to add to")
     args = ap.parse_args(argv)
-    if not args.out.exists():
-        raise cli_errors.ScriptError(f"no training efficiency figures at {args.out}; run scripts/train_efficiency.py "
-                                     "first")
-    kept = json.loads(args.out.read_text())
-    missing = [n for n in args.entries if n not in kept["entries"]]
-    if missing:
-        raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {args.out}; measure them with "
-                                     "scripts/train_efficiency.py")
+    kept = te.measured(args.out, args.entries)
     os.environ.update({v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
     import torch
 

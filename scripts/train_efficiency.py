@@ -568,12 +568,13 @@ def main(argv: list[str] | None = None) -> int:
     peak = json.loads(args.peak.read_text())
     names = args.entries or list(load_params(ROOT)["models"])
     if args.budget_run:  # reads two runs' files: no data to prepare
-        return _budget_runs_only(args, names)
+        return _budget_runs_only(args, names, measured(args.out, names))
+    kept = measured(args.out, names) if args.learn_steps else None  # before any task is prepared
     args.work.mkdir(parents=True, exist_ok=True)
     make_work(args.work, names)
-    old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
     if args.learn_steps:
-        return _learning_only(args, names, old)
+        return _learning_only(args, names, kept)
+    old = json.loads(args.out.read_text()).get("entries", {}) if args.out.exists() else {}
     curves = [baseline_run(n) / "learning_curves" / "val_loss.csv" for n in names]
     if untrained := [str(c.parent.parent) for c in curves if not c.exists()]:  # read after the measuring
         raise cli_errors.ScriptError(f"the baseline's runs are not there: {', '.join(untrained)}; train them in "
@@ -611,17 +612,22 @@ def _check_arguments(args) -> None:
                                      "make one with `git worktree add DIR COMMIT`")
     if args.learn_steps and not args.entries:  # before every task is prepared for nothing
         raise cli_errors.ScriptError("--learn-steps updates the entries it is given: add --entries NAME ...")
-
-
-def _learning_only(args, names: list[str], old: dict) -> int:
-    """``--learn-steps``: each named entry's learns_the_same over that many steps, written into ``--out``."""
-    missing = [n for n in names if n not in old]
-    if args.learn_steps < 1 + warm_up_steps(1):
+    if args.learn_steps and args.learn_steps < 1 + warm_up_steps(1):
         raise cli_errors.ScriptError(f"--learn-steps counts the warm-up too: give at least {1 + warm_up_steps(1)}")
-    if not args.entries or missing:
-        raise cli_errors.ScriptError(f"--learn-steps updates entries already in {args.out}; measure "
-                                     f"{missing or 'them'} first")
-    kept = json.loads(args.out.read_text())
+
+
+def measured(out: Path, names: list[str]) -> dict:
+    """``out``'s figures (``--out``), holding each of ``names``, or one sentence naming what to measure first."""
+    kept = json.loads(out.read_text()) if out.exists() else {"entries": {}}
+    if missing := [n for n in names if n not in kept["entries"]]:
+        raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {out}; measure first with "
+                                     f"`python scripts/train_efficiency.py --entries {' '.join(missing)}`")
+    return kept
+
+
+def _learning_only(args, names: list[str], kept: dict) -> int:
+    """``--learn-steps``: each named entry's learns_the_same over that many steps, written into ``--out``
+    (``kept``, read from it)."""
     for name in names:
         # the timed steps' warm-up comes first: the count is warm-up + timed, as in the speed runs
         timed = max(t for t in range(1, args.learn_steps + 1) if t + warm_up_steps(t) <= args.learn_steps)
@@ -631,14 +637,11 @@ def _learning_only(args, names: list[str], old: dict) -> int:
     return 0
 
 
-def _budget_runs_only(args, names: list[str]) -> int:
+def _budget_runs_only(args, names: list[str], kept: dict) -> int:
     """``--budget-run``: each named entry's budget_check from the runs under that checkout, written into ``--out``.
     A budget changed in params.yaml since the speed run is taken as it is: ``max_steps`` leaves the step
-    time alone, so the entry's steps, ratio and the projection follow it; any other change needs a speed run."""
-    kept = json.loads(args.out.read_text()) if args.out.exists() else {"entries": {}}
-    if missing := [n for n in names if n not in kept["entries"]]:
-        raise cli_errors.ScriptError(f"{', '.join(missing)}: not in {args.out}; measure first with "
-                                     f"--entries {' '.join(missing)}")
+    time alone, so the entry's steps, ratio and the projection follow it; any other change needs a speed run.
+    ``kept``: ``--out``'s figures."""
     settings = {name: fast_settings(name) for name in names}
     runs = [args.budget_run / "runs" / n / f for n, now in settings.items() if "max_steps" in now
             for f in ("train_summary.json", "metrics.json")]

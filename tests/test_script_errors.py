@@ -119,8 +119,17 @@ def test_train_efficiency_refuses_arguments_that_cannot_work_before_preparing_an
     out.write_text(json.dumps({"entries": {"ntm": {}}}))
     assert one_line_error(capsys, train_efficiency.main, ["--budget-run", str(tmp_path), "--entries", "ntm_recall",
                                                           "--out", str(out)]) == \
-        f"ntm_recall: not in {out}; measure first with --entries ntm_recall"
+        f"ntm_recall: not in {out}; measure first with `python scripts/train_efficiency.py --entries ntm_recall`"
     assert not (tmp_path / "data").exists()
+    # --learn-steps: both refused before the entry's task is prepared in --work
+    least = 1 + train_efficiency.warm_up_steps(1)
+    work = ["--work", str(tmp_path / "work"), "--out", str(out)]
+    assert one_line_error(capsys, train_efficiency.main, ["--learn-steps", str(least - 1), "--entries", "ntm",
+                                                          *work]) == \
+        f"--learn-steps counts the warm-up too: give at least {least}"
+    assert one_line_error(capsys, train_efficiency.main, ["--learn-steps", "20", "--entries", "ntm_recall", *work]) \
+        == f"ntm_recall: not in {out}; measure first with `python scripts/train_efficiency.py --entries ntm_recall`"
+    assert not (tmp_path / "work").exists()
     base = tmp_path / "base"  # a checkout whose ntm was never trained
     base.mkdir()
     (base / "params.yaml").write_text((ROOT / "params.yaml").read_text())
