@@ -183,19 +183,25 @@ def ct2_bleu(folder: Path, beam: int, source_eos: bool, threads: int) -> dict:
     return score(hyps, test_refs())
 
 
+# The file each subcommand reads: (its argument, the file inside it or None for the argument itself, the fix).
+INPUTS = {
+    "onmt-pick": ("work", "train.log", "run scripts/peers/opennmt.sh first"),
+    "score": ("hyp", None, "give a file of translations, a line each"),
+    "attnzoo-speed": ("run_dir", "train_summary.json", "give a finished run (scripts/peers/attnzoo.sh's WORKDIR/run)"),
+    "attnzoo-progress": ("checkpoint", "trainer.pt",
+                         "give a run's checkpoint/last (scripts/peers/attnzoo.sh's WORKDIR/at_<MINUTES>min)"),
+    "ct2-bleu": ("folder", "model.bin",
+                 "convert a model first (scripts/peers/ctranslate2_convert.py or onmt_to_ct2.py)"),
+}
+
+
 def inputs_there(args: argparse.Namespace) -> None:
     """The file a subcommand reads is there, or one sentence naming what makes it."""
-    path, fix = {
-        "onmt-pick": (getattr(args, "work", Path()) / "train.log", "run scripts/peers/opennmt.sh first"),
-        "score": (getattr(args, "hyp", None), "give a file of translations, a line each"),
-        "attnzoo-speed": (getattr(args, "run_dir", Path()) / "train_summary.json",
-                          "give a finished run (scripts/peers/attnzoo.sh's WORKDIR/run)"),
-        "attnzoo-progress": (getattr(args, "checkpoint", Path()) / "trainer.pt",
-                             "give a run's checkpoint/last (scripts/peers/attnzoo.sh's WORKDIR/at_<MINUTES>min)"),
-        "ct2-bleu": (getattr(args, "folder", Path()) / "model.bin",
-                     "convert a model first (scripts/peers/ctranslate2_convert.py or onmt_to_ct2.py)"),
-    }.get(args.cmd, (None, ""))
-    if path is not None and not path.is_file():
+    if args.cmd not in INPUTS:
+        return
+    arg, name, fix = INPUTS[args.cmd]
+    path = getattr(args, arg) / name if name else getattr(args, arg)
+    if not path.is_file():
         raise cli_errors.ScriptError(f"{path} is not there: {fix}")
 
 
