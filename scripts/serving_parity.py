@@ -161,7 +161,13 @@ def captions(client: Client, name: str, n: int) -> bool:
 
 TRANSLATORS = ["bahdanau", "bahdanau_none", "luong_dot", "luong_general", "luong_concat", "luong_local_p",
                "transformer"]
-CHECKED = [*TRANSLATORS, "ntm", "ntm_recall", "sat_soft", "sat_hard"]
+# Each model this script checks, and its check of a served model against PyTorch (client, the command line).
+CHECKS = {**{name: (lambda client, args, name=name: translation(client, name, args.sentences)) for name in TRANSLATORS},
+          "ntm": lambda client, args: ntm(client, "ntm", ("test_20", "test_40"), 32),
+          "ntm_recall": lambda client, args: ntm(client, "ntm_recall", ("test_3", "test_6", "test_10"), 64),
+          "sat_soft": lambda client, args: captions(client, "sat_soft", args.canvases),
+          "sat_hard": lambda client, args: captions(client, "sat_hard", args.canvases)}
+CHECKED = list(CHECKS)
 
 
 def chosen(models: list[str] | None) -> list[str]:
@@ -199,14 +205,9 @@ def main() -> None:
     try:
         if not client.wait_ready(30, alive=lambda: proc.poll() is None):
             raise SystemExit("error: the server did not become ready in 30 s")
-        checks = {**{name: (lambda name=name: translation(client, name, args.sentences)) for name in TRANSLATORS},
-                  "ntm": lambda: ntm(client, "ntm", ("test_20", "test_40"), 32),
-                  "ntm_recall": lambda: ntm(client, "ntm_recall", ("test_3", "test_6", "test_10"), 64),
-                  "sat_soft": lambda: captions(client, "sat_soft", args.canvases),
-                  "sat_hard": lambda: captions(client, "sat_hard", args.canvases)}
         ok = True
         for name in names:
-            ok &= checks[name]()
+            ok &= CHECKS[name](client, args)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
